@@ -1,0 +1,171 @@
+"""The embedding API: ``Sandbox`` with a subprocess-like ``spawn``/``run``/``spawn_async``.
+
+A ``Sandbox`` does the per-profile work once (load and validate the profile, resolve the
+tier, compile or load the seccomp filter, look at the host paths) so that each call only
+plans and launches. It holds no per-call state, so one instance serves many threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import hostview, probes
+from .errors import HostError, SandboxError, UsageError
+from .launch import SandboxProcess, launch, prepare
+from .plan import LaunchPlan, Request, build_plan, paths_to_observe
+from .profile import Profile, load_profile
+from .seccomp_policy import compiled_bpf, spec_from_profile
+from .tiers import Tier
+
+log = logging.getLogger("sbx")
+
+
+class SandboxResult(subprocess.CompletedProcess):
+    """A ``CompletedProcess`` that also says which tier the command ran at."""
+
+    def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None,
+                 tier: Tier | None = None, sandbox_error: SandboxError | None = None) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.tier = tier
+        self.sandbox_error = sandbox_error
+
+
+class Sandbox:
+    """A configured sandbox; call ``spawn``/``run`` as often as you like, from any thread."""
+
+    def __init__(self, profile: str | Profile = "strict", workdir: str | os.PathLike | None = None, *,
+                 tier: str | Tier | None = None, allow_degraded: bool = False,
+                 ro_binds: Sequence[str] = (), binds: Sequence[str] = (), share_net: bool = False,
+                 setenv: Mapping[str, str] | None = None, timeout: float | None = None,
+                 capabilities: probes.Capabilities | None = None) -> None:
+        self.profile = profile if isinstance(profile, Profile) else load_profile(str(profile))
+        self.workdir = os.path.abspath(os.fspath(workdir)) if workdir is not None else os.getcwd()
+        self.capabilities = capabilities or probes.host_capabilities()
+        requested = Tier.parse(tier) if isinstance(tier, str) else tier
+        self.host_tier = probes.resolve_tier(self.capabilities)
+        self.tier, self.degraded_warning = probes.choose_tier(
+            self.host_tier, requested, self.profile.tier_floor, allow_degraded, self.profile.name)
+        if self.tier.uses_bwrap and not self.capabilities.bwrap_path:
+            raise HostError("bubblewrap is needed at this tier but was not found",
+                            "apt-get install bubblewrap, then run 'sbx doctor'")
+        self._ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
+        self._binds = tuple(os.path.abspath(p) for p in binds)
+        self._share_net = share_net
+        self._setenv = tuple((setenv or {}).items())
+        self.timeout = timeout if timeout is not None else (self.profile.timeout or None)
+        self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))))
+        self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"),
+                                                    self._effective_share_net()))
+                     if self.tier.uses_seccomp else None)
+        self.plan(["true"])  # refuse a broken configuration now, not at the first call
+
+    def _effective_share_net(self) -> bool:
+        return self._share_net or not self.profile.table("namespaces")["net"]
+
+    def _request(self, argv: Sequence[str], preserve_fds: Sequence[int] = (),
+                 env: Mapping[str, str] | None = None, exe_fd: int | None = None,
+                 exe_path: str | None = None) -> Request:
+        setenv = self._setenv + tuple((env or {}).items())
+        return Request(argv=tuple(argv), workdir=self.workdir, preserve_fds=tuple(preserve_fds),
+                       ro_binds=self._ro_binds, binds=self._binds, share_net=self._share_net,
+                       setenv=setenv, host_env=tuple(os.environ.items()), exe_fd=exe_fd,
+                       exe_path=exe_path)
+
+    def plan(self, argv: Sequence[str], preserve_fds: Sequence[int] = (),
+             env: Mapping[str, str] | None = None, exe_fd: int | None = None,
+             exe_path: str | None = None) -> LaunchPlan:
+        """The launch plan for one call (what ``sbx run --dry-run`` prints)."""
+        if isinstance(argv, (str, bytes)):
+            raise UsageError("argv must be a sequence of strings, not one string",
+                             "pass ['cmd', 'arg', ...]")
+        request = self._request(argv, preserve_fds, env, exe_fd, exe_path)
+        return build_plan(self.profile, self.tier, request, self._host, self.capabilities.landlock_abi,
+                          self.capabilities.bwrap_features)
+
+    def spawn(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
+              env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
+              **popen_kwargs: Any) -> SandboxProcess:
+        """Start ``argv`` in the sandbox and return a ``subprocess.Popen`` for it.
+
+        ``env`` adds variables to the profile's environment. stdin/stdout/stderr, text,
+        encoding, errors and bufsize are passed to Popen; ``preserve_fds`` keep their numbers.
+        """
+        for key in ("pass_fds", "close_fds", "cwd", "preexec_fn", "start_new_session", "shell",
+                    "executable", "process_group", "user", "group", "extra_groups", "umask"):
+            if key in popen_kwargs:
+                raise UsageError(f"Sandbox.spawn does not take {key}=",
+                                 "the sandbox decides that; use preserve_fds/workdir/env instead")
+        plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
+        if self.degraded_warning:
+            log.warning("sbx: warning: %s", self.degraded_warning)
+        try:
+            return launch(plan, self.capabilities.bwrap_path, self._bpf, **popen_kwargs)
+        finally:
+            if exe is not None:
+                exe.close()
+
+    def _plan_with_exe(self, argv, preserve_fds, env, exe_sha256):
+        if exe_sha256 is None:
+            return self.plan(argv, preserve_fds, env), None
+        from .verified_exe import open_verified
+
+        probe_env = dict(self.plan(argv, preserve_fds, env).env)
+        exe = open_verified(argv[0], exe_sha256, probe_env.get("PATH", ""), self.workdir)
+        return self.plan(argv, preserve_fds, env, exe_fd=exe.fd, exe_path=exe.path), exe
+
+    def run(self, argv: Sequence[str], *, input: Any = None, capture_output: bool = False,
+            timeout: float | None = None, check: bool = False, preserve_fds: Sequence[int] = (),
+            env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
+            **popen_kwargs: Any) -> SandboxResult:
+        """Run ``argv`` to completion, like ``subprocess.run``.
+
+        On timeout the whole sandbox is killed and ``subprocess.TimeoutExpired`` is raised.
+        If the sandbox could not be set up, the ``SandboxError`` is raised.
+        """
+        if input is not None:
+            popen_kwargs["stdin"] = subprocess.PIPE
+        if capture_output:
+            popen_kwargs["stdout"] = subprocess.PIPE
+            popen_kwargs["stderr"] = subprocess.PIPE
+        timeout = timeout if timeout is not None else self.timeout
+        with self.spawn(argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256,
+                        **popen_kwargs) as process:
+            try:
+                stdout, stderr = process.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                process.kill_sandbox()
+                process.timed_out = True
+                exc.stdout, exc.stderr = process.communicate()
+                raise
+            except BaseException:
+                process.kill_sandbox()
+                raise
+        if process.sandbox_error is not None and process.returncode == 125:
+            raise process.sandbox_error
+        if check and process.returncode:
+            raise subprocess.CalledProcessError(process.returncode, list(argv), stdout, stderr)
+        return SandboxResult(list(argv), process.returncode, stdout, stderr, tier=self.tier,
+                             sandbox_error=process.sandbox_error)
+
+    async def spawn_async(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
+                          env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
+                          stdin: Any = None, stdout: Any = None, stderr: Any = None,
+                          limit: int = 2 ** 16) -> Any:
+        """Like ``spawn``, returning an ``asyncio.subprocess.Process`` (see ``aio.py``)."""
+        from .aio import spawn_async
+
+        return await spawn_async(self, argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256,
+                                 stdin=stdin, stdout=stdout, stderr=stderr, limit=limit)
+
+    # For aio.py: the same preparation the synchronous path uses.
+    def _prepare(self, argv, preserve_fds, env, exe_sha256):
+        plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
+        try:
+            return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf)
+        finally:
+            if exe is not None:
+                exe.close()

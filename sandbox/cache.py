@@ -1,0 +1,98 @@
+"""A per-user cache for compiled seccomp programs and host probe results.
+
+Only a directory this user owns, that nobody else can write to and that is not a
+symlink is used; files are opened with O_NOFOLLOW, must be owned by this user, and are
+replaced atomically. When no safe directory exists, nothing is cached (correct, slower).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+CACHE_DIR_ENV = "SBX_CACHE_DIR"
+_checked: dict[str, Path | None] = {}
+
+
+def _candidates() -> list[Path]:
+    if os.environ.get(CACHE_DIR_ENV):
+        return [Path(os.environ[CACHE_DIR_ENV])]
+    found = []
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.environ.get("HOME")
+    if xdg:
+        found.append(Path(xdg) / "sbx")
+    elif home:
+        found.append(Path(home) / ".cache" / "sbx")
+    found.append(Path("/tmp") / f"sbx-cache-{os.geteuid()}")
+    return found
+
+
+def _safe_dir(path: Path) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def cache_dir() -> Path | None:
+    key = os.environ.get(CACHE_DIR_ENV, "") + "|" + os.environ.get("XDG_CACHE_HOME", "") + "|" + os.environ.get("HOME", "")
+    if key in _checked:
+        return _checked[key]
+    chosen = None
+    for path in _candidates():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        if _safe_dir(path):
+            chosen = path
+            break
+    _checked[key] = chosen
+    return chosen
+
+
+def read(name: str) -> bytes | None:
+    directory = cache_dir()
+    if directory is None:
+        return None
+    try:
+        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write(name: str, data: bytes) -> None:
+    directory = cache_dir()
+    if directory is None:
+        return
+    tmp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, directory / name)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

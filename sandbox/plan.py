@@ -1,0 +1,327 @@
+"""Planning: profile + tier + request + host facts -> LaunchPlan. A pure function.
+
+No syscalls and no I/O happen here: host facts arrive as a ``HostView`` and probe results
+as ``Capabilities``. Every bwrap bind and every Landlock grant comes from the same list of
+``Mount`` entries, so the two layers cannot disagree about what is visible.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from . import landlock_rights as ll
+from .errors import BindError, HostError, UsageError, WorkdirError
+from .hostview import MERGED_USR_LINKS, HostView
+from .profile import Profile
+from .seccomp_policy import SeccompSpec, spec_from_profile
+from .tiers import Tier
+
+RLIM_INFINITY = -1
+RLIMIT_NAMES = {"nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC", "core": "RLIMIT_CORE",
+                "as": "RLIMIT_AS", "cpu": "RLIMIT_CPU", "fsize": "RLIMIT_FSIZE"}
+OVERFLOW_UID = 65534  # the uid a root caller becomes inside: no capabilities, nobody's files
+DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+FORBIDDEN_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/usr", "/etc", "/boot")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one call asks for, on top of the profile."""
+
+    argv: tuple[str, ...]
+    workdir: str
+    preserve_fds: tuple[int, ...] = ()
+    ro_binds: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+    share_net: bool = False
+    setenv: tuple[tuple[str, str], ...] = ()
+    host_env: tuple[tuple[str, str], ...] = ()
+    exe_path: str | None = None  # a verified executable, run through its descriptor
+    exe_fd: int | None = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One entry of the filesystem view: a bwrap operation and its Landlock grant."""
+
+    op: str  # "ro-bind", "bind", "symlink", "tmpfs", "dev", "proc", "hide-file", "hide-dir"
+    path: str  # where it appears inside
+    source: str = ""  # host source (binds) or link target (symlinks)
+    grant: str | None = None  # a landlock_rights.GRANT_NAMES kind, or None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    tier: Tier
+    profile_name: str
+    argv: tuple[str, ...]
+    workdir: str
+    mounts: tuple[Mount, ...]
+    bwrap_args: tuple[str, ...] | None  # None: EnvironmentOnly, no bwrap
+    stage2_python: str
+    preserved_fds: tuple[int, ...]
+    env: dict[str, str] = field(repr=False)
+    search_path: str = DEFAULT_SEARCH_PATH
+    rlimits: tuple[tuple[str, int, int], ...] = ()
+    landlock: dict | None = None
+    seccomp: SeccompSpec | None = None
+    share_net: bool = False
+    exe_fd: int | None = None
+
+    def stage2_config(self) -> dict:
+        """The part of stage 2's configuration known before launch (fds are added then)."""
+        return {"preserved": list(self.preserved_fds), "cwd": self.workdir, "argv": list(self.argv),
+                "env": dict(self.env), "search_path": self.search_path,
+                "rlimits": [list(r) for r in self.rlimits], "landlock": self.landlock,
+                "exe_fd": self.exe_fd}
+
+    def describe(self) -> str:
+        """The human-readable plan printed by ``sbx run --dry-run``."""
+        out = [f"profile: {self.profile_name}", f"tier: {self.tier.name}",
+               f"command: {shlex.join(self.argv)}", f"workdir: {self.workdir}",
+               f"preserved fds: {', '.join(map(str, self.preserved_fds)) or 'none'} (plus 0, 1, 2)"]
+        if self.bwrap_args is None:
+            out.append("bwrap: not used (EnvironmentOnly: nothing is kernel-enforced)")
+        else:
+            out.append("bwrap argv: bwrap " + shlex.join(self.bwrap_args)
+                       + f" -- {self.stage2_python} -I -S -c <stage 2> CONFIG_FD KEEP")
+        out.append(f"stage 2: {self.stage2_python}: fd hygiene, rlimits, no_new_privs"
+                   + (", Landlock" if self.landlock else "") + (", seccomp" if self.seccomp else "")
+                   + ", exec")
+        if self.landlock:
+            abi = self.landlock["abi"]
+            out.append(f"landlock: ABI {abi}; handled fs rights: "
+                       + ", ".join(ll.names(ll.FS_RIGHTS, self.landlock["fs"])))
+            for path, bits, optional in self.landlock["rules"]:
+                out.append(f"  grant {path}: {', '.join(ll.names(ll.FS_RIGHTS, bits))}"
+                           + (" (if present)" if optional else ""))
+            net = ll.names(ll.NET_RIGHTS, self.landlock["net"])
+            out.append(f"  network: {'denied: ' + ', '.join(net) if net else 'not restricted by Landlock'}")
+            scopes = ll.names(ll.SCOPES, self.landlock["scoped"])
+            out.append(f"  scoped to the sandbox: {', '.join(scopes) or 'nothing'}")
+            missing = ll.missing_at(abi)
+            out.append(f"  not available at ABI {abi}: {', '.join(missing) or 'nothing'}")
+        else:
+            out.append("landlock: not enforced at this tier")
+        if self.seccomp:
+            out += ["seccomp:"] + [f"  {line}" for line in self.seccomp.summary()]
+        else:
+            out.append("seccomp: not enforced at this tier")
+        out.append("rlimits: " + (", ".join(f"{n}={_limit(s)}" for n, s, _ in self.rlimits) or "inherited"))
+        out.append("environment: " + ", ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
+        out.append(f"network: {'shared with the host' if self.share_net else 'none (new network namespace)'}")
+        return "\n".join(out)
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == RLIM_INFINITY else str(value)
+
+
+def paths_to_observe(profile: Profile, request: Request) -> list[str]:
+    fs = profile.table("filesystem")
+    return [*fs["ro_binds"], *fs["ro_binds_try"], *fs["binds"], *fs["hide"], *MERGED_USR_LINKS,
+            *request.ro_binds, *request.binds, request.workdir]
+
+
+def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
+               landlock_abi: int, bwrap_features: frozenset[str] = frozenset()) -> LaunchPlan:
+    """The launch plan. Raises SandboxError subclasses for requests that cannot be met."""
+    if not request.argv:
+        raise UsageError("no command given", "put the command after '--', e.g. sbx run -- ls")
+    workdir = _check_workdir(request.workdir, host)
+    share_net = request.share_net or not profile.table("namespaces")["net"]
+    mounts = _mounts(profile, request, host, workdir)
+    preserved = tuple(sorted(set(request.preserve_fds) | ({request.exe_fd} if request.exe_fd is not None else set())))
+    for fd in preserved:
+        if fd < 3:
+            raise UsageError(f"--preserve-fd {fd}: descriptors 0, 1 and 2 are always passed",
+                             "preserve descriptors numbered 3 or more")
+    landlock = _landlock(profile, mounts, landlock_abi, share_net) if tier.uses_landlock else None
+    seccomp = spec_from_profile(profile.table("seccomp"), share_net) if tier.uses_seccomp else None
+    env = _environment(profile, request)
+    python = _stage2_python(host, mounts, tier)
+    bwrap_args = (_bwrap_args(profile, mounts, workdir, share_net, host, bwrap_features)
+                  if tier.uses_bwrap else None)
+    return LaunchPlan(tier=tier, profile_name=profile.name, argv=tuple(request.argv), workdir=workdir,
+                      mounts=tuple(mounts), bwrap_args=bwrap_args, stage2_python=python,
+                      preserved_fds=preserved, env=env,
+                      search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
+                      landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd)
+
+
+def _check_workdir(workdir: str, host: HostView) -> str:
+    path = os.path.normpath(workdir)
+    if not os.path.isabs(path):
+        raise WorkdirError(f"workdir {workdir!r} is not an absolute path", "pass an absolute --workdir")
+    if host.kind(workdir) not in ("dir", "symlink"):
+        raise WorkdirError(f"workdir {workdir} is not an existing directory")
+    real = host.paths[workdir].real or path
+    if real in FORBIDDEN_WORKDIRS:
+        raise WorkdirError(f"workdir {real} would expose a system directory read-write",
+                           "run from (or pass --workdir) a project directory")
+    return real
+
+
+def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) -> list[Mount]:
+    fs = profile.table("filesystem")
+    mounts: list[Mount] = []
+    if fs["root"] == "host-ro":
+        mounts.append(Mount("ro-bind", "/", "/", "read"))
+    for path in fs["ro_binds"]:
+        _require(host, path, "profile ro_binds")
+        mounts.append(Mount("ro-bind", path, path, "read"))
+    for path in fs["ro_binds_try"]:
+        if host.kind(path) != "missing":
+            mounts.append(Mount("ro-bind", path, path, "read", optional=True))
+    if fs["merged_usr_links"]:
+        for path in MERGED_USR_LINKS:
+            info = host.paths.get(path)
+            if info is None or info.kind == "missing":
+                continue
+            if info.kind == "symlink":
+                mounts.append(Mount("symlink", path, info.target))
+            else:
+                mounts.append(Mount("ro-bind", path, path, "read"))
+    if fs["dev"]:
+        mounts.append(Mount("dev", "/dev", grant="device"))
+    if fs["proc"]:
+        mounts.append(Mount("proc", "/proc", grant="read-noexec"))
+    for path in fs["tmpfs"]:
+        mounts.append(Mount("tmpfs", path, grant="read-write"))
+    for path in fs["hide"]:
+        info = host.paths.get(path)
+        if info is None or info.kind == "missing":
+            continue
+        mounts.append(Mount("hide-dir" if info.is_dir else "hide-file", info.real or path))
+    for path in fs["binds"]:
+        _require(host, path, "profile binds")
+        mounts.append(Mount("bind", path, path, "read-write"))
+    for path in request.ro_binds:
+        _require(host, path, "--ro-bind")
+        mounts.append(Mount("ro-bind", _real(host, path), _real(host, path), "read"))
+    for path in request.binds:
+        _require(host, path, "--bind")
+        mounts.append(Mount("bind", _real(host, path), _real(host, path), "read-write"))
+    if fs["workdir"] == "rw":
+        mounts.append(Mount("bind", workdir, workdir, "read-write"))
+    elif fs["workdir"] == "ro":
+        mounts.append(Mount("ro-bind", workdir, workdir, "read"))
+    if request.exe_path:
+        mounts.append(Mount("exe", request.exe_path, grant="exec-file"))
+    return mounts
+
+
+def _real(host: HostView, path: str) -> str:
+    return host.paths[path].real or path
+
+
+def _require(host: HostView, path: str, what: str) -> None:
+    if not os.path.isabs(path):
+        raise BindError(f"{what} {path!r} is not an absolute path", "give bind paths as absolute paths")
+    if host.kind(path) == "missing":
+        raise BindError(f"{what} {path} does not exist on this host")
+
+
+def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: bool,
+                host: HostView, features: frozenset[str]) -> tuple[str, ...]:
+    ns = profile.table("namespaces")
+    args: list[str] = []
+    for name in ("user", "pid", "ipc", "uts"):
+        if ns[name]:
+            args.append(f"--unshare-{name}")
+    if not share_net:
+        args.append("--unshare-net")
+    if ns["cgroup"]:
+        args.append("--unshare-cgroup-try")
+    if ns["user"]:
+        inside_uid = host.uid or OVERFLOW_UID
+        inside_gid = host.gid or OVERFLOW_UID
+        args += ["--uid", str(inside_uid), "--gid", str(inside_gid)]
+        if "disable-userns" in features:
+            args.append("--disable-userns")
+    if host.uid == 0:
+        args += ["--cap-drop", "ALL"]
+    if ns["uts"]:
+        args += ["--hostname", "sbx"]
+    args += ["--die-with-parent", "--new-session"]
+    if "clearenv" in features:
+        args.append("--clearenv")
+    hidden_dirs = []
+    for m in mounts:
+        if m.op == "ro-bind":
+            args += ["--ro-bind-try" if m.optional else "--ro-bind", m.source, m.path]
+        elif m.op == "bind":
+            args += ["--bind", m.source, m.path]
+        elif m.op == "symlink":
+            args += ["--symlink", m.source, m.path]
+        elif m.op == "tmpfs":
+            args += ["--tmpfs", m.path]
+        elif m.op == "dev":
+            args += ["--dev", m.path]
+        elif m.op == "proc":
+            args += ["--proc", m.path]
+        elif m.op == "hide-file":
+            args += ["--ro-bind", "/dev/null", m.path]
+        elif m.op == "hide-dir":
+            args += ["--tmpfs", m.path]
+            hidden_dirs.append(m.path)
+    for path in hidden_dirs:
+        args += ["--remount-ro", path]
+    if profile.table("filesystem")["root"] == "empty":
+        args += ["--remount-ro", "/"]
+    args += ["--chdir", workdir]
+    return tuple(args)
+
+
+def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) -> dict:
+    if abi < 1:
+        raise HostError("the plan needs Landlock but the kernel has none",
+                        "run 'sbx doctor', or choose --tier KernelSeccompOnly --allow-degraded")
+    settings = profile.table("landlock")
+    rules = [(m.path, ll.grant_mask(m.grant, abi), m.optional) for m in mounts if m.grant]
+    net = 0
+    if settings["deny_tcp"] and not share_net:
+        net = ll.mask(ll.NET_RIGHTS, ll.NET_RIGHTS, abi)
+    scope_names = [n for n, wanted in (("signal", settings["scope_signals"]),
+                                       ("abstract_unix_socket", settings["scope_abstract_unix"])) if wanted]
+    return {"abi": abi, "fs": ll.handled_fs(abi), "net": net,
+            "scoped": ll.mask(ll.SCOPES, scope_names, abi), "rules": rules,
+            "file_rights": ll.file_rights(abi)}
+
+
+def _environment(profile: Profile, request: Request) -> dict[str, str]:
+    table = profile.table("environment")
+    env: dict[str, str] = {}
+    for name, value in request.host_env:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in table["keep"]):
+            env[name] = value
+    env.update(table["set"])
+    for name, value in request.setenv:
+        if not name or "=" in name:
+            raise UsageError(f"--setenv {name}={value}: invalid variable name", "use --setenv NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def _rlimits(profile: Profile) -> tuple[tuple[str, int, int], ...]:
+    limits = []
+    for key, value in profile.table("rlimits").items():
+        number = RLIM_INFINITY if value == "unlimited" else int(value)
+        limits.append((RLIMIT_NAMES[key], number, number))
+    return tuple(limits)
+
+
+def _stage2_python(host: HostView, mounts: list[Mount], tier: Tier) -> str:
+    if not tier.uses_bwrap:
+        return host.python_candidates[0] if host.python_candidates else "/usr/bin/python3"
+    visible = [m.path for m in mounts if m.op in ("ro-bind", "bind")]
+    for candidate in host.python_candidates:
+        if any(candidate == v or candidate.startswith(v.rstrip("/") + "/") for v in visible):
+            return candidate
+    raise HostError("no Python interpreter is visible inside the sandbox to run stage 2 "
+                    f"(tried: {', '.join(host.python_candidates) or 'none'})",
+                    "install python3 under /usr (apt-get install python3)")

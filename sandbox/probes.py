@@ -1,0 +1,287 @@
+"""Host probes, the capabilities they find, and the tier those resolve to.
+
+Each probe is a method of ``HostProbes``; tests pass a fake with the same methods to
+resolve every tier without such a host. Nothing here parses bwrap's human-readable
+stderr: decisions come from exit statuses and our own syscalls. The launch path reads a
+cached ``Capabilities`` (keyed by boot, user, bwrap binary and the userns sysctls) so that
+every tool call does not pay for a bwrap smoke run; ``sbx doctor`` always probes afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+from . import cache
+from .errors import TierBelowFloorError, TierError
+from .tiers import Tier
+
+PROBE_VERSION = 2
+BWRAP_ENV = "SBX_BWRAP"
+# Options newer than Debian 11's bwrap 0.4 that the planner uses when present.
+OPTIONAL_BWRAP_OPTIONS: dict[str, tuple[str, ...]] = {
+    "clearenv": ("--clearenv",),
+    "disable-userns": ("--unshare-user", "--disable-userns"),
+    "json-status-fd": ("--json-status-fd", "2"),
+}
+USERNS_SYSCTLS = {
+    "/proc/sys/kernel/unprivileged_userns_clone": "0",
+    "/proc/sys/user/max_user_namespaces": "0",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns": "1",
+}
+APPARMOR_REMEDY = (
+    "install an AppArmor profile that lets bwrap create user namespaces, e.g. "
+    "/etc/apparmor.d/bwrap containing 'abi <abi/4.0>, include <tunables/global> "
+    "profile bwrap /usr/bin/bwrap flags=(unconfined) { userns, }', then "
+    "'apparmor_parser -r /etc/apparmor.d/bwrap' (keep the restriction on for everything else)"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    remedy: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    bwrap_path: str | None = None
+    bwrap_version: str = ""
+    bwrap_usable: bool = False
+    bwrap_features: frozenset[str] = frozenset()
+    landlock_abi: int = 0
+    seccomp: bool = False
+    no_new_privs: bool = False
+    close_range_cloexec: bool = False
+    checks: tuple[Check, ...] = field(default=(), compare=False)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["bwrap_features"] = sorted(self.bwrap_features)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Capabilities:
+        data = dict(data)
+        data["bwrap_features"] = frozenset(data.get("bwrap_features", ()))
+        data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        return cls(**data)
+
+
+def resolve_tier(caps: Capabilities) -> Tier:
+    """The strongest tier these capabilities support (DESIGN.md's tier table)."""
+    if caps.bwrap_usable and caps.seccomp and caps.no_new_privs:
+        return Tier.KernelFull if caps.landlock_abi >= 1 else Tier.KernelSeccompOnly
+    return Tier.EnvironmentOnly
+
+
+def choose_tier(host_tier: Tier, requested: Tier | None, floor: Tier, allow_degraded: bool,
+                profile_name: str) -> tuple[Tier, str | None]:
+    """The tier to run at and, when it is below the profile's floor, the warning to print."""
+    tier = host_tier
+    if requested is not None:
+        if requested > host_tier:
+            raise TierError(f"--tier {requested.name} is above what this host resolves ({host_tier.name})",
+                            "a tier can be forced lower, never higher; see 'sbx doctor' for what is missing")
+        tier = requested
+    if tier >= floor:
+        return tier, None
+    why = "forced by --tier" if requested is not None else "this host resolves no higher"
+    if not allow_degraded:
+        raise TierBelowFloorError(
+            f"profile {profile_name!r} needs at least {floor.name}; this run would be {tier.name} ({why})")
+    return tier, (f"running at {tier.name}, below profile {profile_name!r}'s floor {floor.name} "
+                  f"({why}; --allow-degraded): layers above {tier.name} are NOT enforced")
+
+
+class HostProbes:
+    """The real probes. Each returns plain values; ``probe_host`` turns them into checks."""
+
+    def find_bwrap(self) -> str | None:
+        explicit = os.environ.get(BWRAP_ENV)
+        if explicit:
+            return explicit if os.access(explicit, os.X_OK) else None
+        return shutil.which("bwrap")
+
+    def bwrap_version(self, bwrap: str) -> str:
+        try:
+            out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return out.stdout.strip().split()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+
+    def bwrap_runs(self, bwrap: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
+        """Run ``bwrap <namespaces> <extra> true``; (exit status was 0, bwrap's stderr)."""
+        true = shutil.which("true") or "/bin/true"
+        argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
+                "--proc", "/proc", *extra, "--", true]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, str(exc)
+        return out.returncode == 0, out.stderr.strip()
+
+    def userns_sysctls(self) -> dict[str, str]:
+        values = {}
+        for path in USERNS_SYSCTLS:
+            try:
+                with open(path) as f:
+                    values[path] = f.read().strip()
+            except OSError:
+                pass
+        return values
+
+    def landlock_abi(self) -> tuple[int, str]:
+        from . import stage2
+
+        try:
+            return stage2._raw_syscall("landlock_create_ruleset", None, 0,
+                                       stage2._uint(stage2.LANDLOCK_CREATE_RULESET_VERSION)), ""
+        except OSError as exc:
+            return 0, os.strerror(exc.errno or 0)
+
+    def seccomp_and_nnp(self) -> tuple[bool, bool, str]:
+        """Install a trivial filter in a child and read back its /proc/self/status."""
+        code = (
+            "import os,sys\n"
+            f"sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})\n"
+            "from sandbox import stage2 as s\n"
+            "s.set_no_new_privs()\n"
+            "fd = os.memfd_create('probe')\n"
+            "allow = (6).to_bytes(2,'little') + bytes(2) + (0x7FFF0000).to_bytes(4,'little')\n"
+            "os.write(fd, (8).to_bytes(4,'little') + allow)\n"
+            "s.install_seccomp(fd)\n"
+            "print(open('/proc/self/status').read())\n"
+        )
+        try:
+            out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                                 text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, False, str(exc)
+        status = dict(line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
+        seccomp = status.get("Seccomp", "").strip() == "2"
+        nnp = status.get("NoNewPrivs", "").strip() == "1"
+        detail = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["failed"])[-1]
+        return seccomp, nnp, detail
+
+    def close_range_cloexec(self) -> tuple[bool, str]:
+        from . import stage2
+
+        try:
+            # A range far above any open descriptor: nothing is touched, only support is seen.
+            stage2._close_range(0x7FFFFFF0, 0x7FFFFFF0, stage2.CLOSE_RANGE_CLOEXEC)
+            return True, ""
+        except OSError as exc:
+            return False, os.strerror(exc.errno or 0)
+
+
+def probe_host(probes: HostProbes | None = None) -> Capabilities:
+    """Run every probe and build the capabilities with a named check for each."""
+    probes = probes or HostProbes()
+    checks: list[Check] = []
+    bwrap = probes.find_bwrap()
+    version, usable, features = "", False, set()
+    if bwrap is None:
+        checks.append(Check("bwrap", False, "bubblewrap (bwrap) not found on PATH",
+                            "apt-get install bubblewrap (or set SBX_BWRAP to its path)"))
+    else:
+        version = probes.bwrap_version(bwrap)
+        checks.append(Check("bwrap", True, f"{bwrap} (version {version or 'unknown'})"))
+        usable, stderr = probes.bwrap_runs(bwrap)
+        if usable:
+            checks.append(Check("bwrap-userns", True, "bwrap created user, pid, net, ipc, uts and cgroup namespaces"))
+            features = {name for name, opt in OPTIONAL_BWRAP_OPTIONS.items() if probes.bwrap_runs(bwrap, opt)[0]}
+            missing = sorted(set(OPTIONAL_BWRAP_OPTIONS) - features)
+            checks.append(Check("bwrap-options", True,
+                                "supported: " + (", ".join(sorted(features)) or "none of the optional ones")
+                                + ("; missing (not needed): " + ", ".join(missing) if missing else "")))
+        else:
+            detail, remedy = _userns_failure(probes.userns_sysctls(), stderr)
+            checks.append(Check("bwrap-userns", False, detail, remedy))
+    abi, why = probes.landlock_abi()
+    if abi >= 1:
+        checks.append(Check("landlock", True, f"ABI {abi}"))
+    else:
+        remedy = ("boot with Landlock in the LSM list (lsm=landlock,... on the kernel command line)"
+                  if why == os.strerror(95) else "use a kernel built with CONFIG_SECURITY_LANDLOCK (5.13+)")
+        checks.append(Check("landlock", False, f"unavailable: {why or 'no ABI'}", remedy))
+    seccomp, nnp, detail = probes.seccomp_and_nnp()
+    checks.append(Check("seccomp", seccomp, "a seccomp filter installs (Seccomp: 2)" if seccomp
+                        else f"a seccomp filter could not be installed: {detail}",
+                        "" if seccomp else "use a kernel with CONFIG_SECCOMP_FILTER"))
+    checks.append(Check("no_new_privs", nnp, "PR_SET_NO_NEW_PRIVS takes effect" if nnp
+                        else f"no_new_privs did not take effect: {detail}",
+                        "" if nnp else "use a kernel 3.5 or newer"))
+    cr, why = probes.close_range_cloexec()
+    checks.append(Check("close_range", cr, "close_range with CLOSE_RANGE_CLOEXEC works" if cr
+                        else f"close_range(CLOSE_RANGE_CLOEXEC) unavailable ({why}): stage 2 walks every fd instead",
+                        "" if cr else "use Linux 5.11 or newer for the fast path (hygiene still runs)"))
+    return Capabilities(bwrap_path=bwrap, bwrap_version=version, bwrap_usable=usable,
+                        bwrap_features=frozenset(features), landlock_abi=abi, seccomp=seccomp,
+                        no_new_privs=nnp, close_range_cloexec=cr, checks=tuple(checks))
+
+
+def _userns_failure(sysctls: dict[str, str], stderr: str) -> tuple[str, str]:
+    if sysctls.get("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return ("bwrap could not create a user namespace: AppArmor restricts unprivileged user "
+                "namespaces (kernel.apparmor_restrict_unprivileged_userns=1)", APPARMOR_REMEDY)
+    if sysctls.get("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return ("bwrap could not create a user namespace: kernel.unprivileged_userns_clone=0",
+                "sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)")
+    if sysctls.get("/proc/sys/user/max_user_namespaces") == "0":
+        return ("bwrap could not create a user namespace: user.max_user_namespaces=0",
+                "sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)")
+    first = stderr.splitlines()[0] if stderr else "no message"
+    return (f"bwrap could not set up namespaces (its message: {first})",
+            "check that unprivileged user namespaces are allowed on this host, or install bwrap setuid")
+
+
+def _cache_key(probes: HostProbes) -> str:
+    import hashlib
+
+    parts = [str(PROBE_VERSION), str(os.geteuid()), sys.executable]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append("no-boot-id")
+    bwrap = probes.find_bwrap()
+    if bwrap:
+        try:
+            st = os.stat(bwrap)
+            parts += [bwrap, str(st.st_ino), str(st.st_size), str(st.st_mtime_ns), oct(st.st_mode)]
+        except OSError:
+            parts.append("bwrap-unstattable")
+    parts.append(json.dumps(probes.userns_sysctls(), sort_keys=True))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+_memo: dict[str, Capabilities] = {}
+
+
+def host_capabilities(refresh: bool = False, probes: HostProbes | None = None) -> Capabilities:
+    """Capabilities for the launch path: from memory, the cache, or a fresh probe."""
+    probes = probes or HostProbes()
+    key = _cache_key(probes)
+    name = f"host-{key}.json"
+    if not refresh:
+        if key in _memo:
+            return _memo[key]
+        raw = cache.read(name)
+        if raw:
+            try:
+                caps = Capabilities.from_json(json.loads(raw))
+                _memo[key] = caps
+                return caps
+            except (ValueError, TypeError):
+                pass
+    caps = probe_host(probes)
+    cache.write(name, json.dumps(caps.to_json()).encode())
+    _memo[key] = caps
+    return caps

@@ -1,0 +1,254 @@
+"""Profiles: TOML files that name a filesystem view, namespaces, layers and limits.
+
+A profile is validated against ``SCHEMA`` before it is used: an unknown key, a wrong
+type, a missing file or a syntax error is a ``ProfileError`` naming the file, the line
+when it is known, and what was expected. ``extends = "NAME"`` merges a profile over
+another one: tables merge key by key, any other value (lists included) replaces.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ProfileError
+from .tiers import Tier
+
+PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
+
+# table -> key -> (type description, check). None as the table means top level.
+_STR = ("a string", lambda v: isinstance(v, str))
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_ABS_PATHS = ("a list of absolute paths",
+              lambda v: isinstance(v, list) and all(isinstance(x, str) and x.startswith("/") for x in v))
+_LIMIT = ("a whole number >= 0, or \"unlimited\"",
+          lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or v == "unlimited")
+_TIER = ("one of " + ", ".join(t.name for t in Tier), lambda v: isinstance(v, str) and v in Tier.__members__)
+_ENV_MAP = ("a table of string values",
+            lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()))
+_TIMEOUT = ("a number of seconds >= 0 (0: none)",
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+
+SCHEMA: dict[str | None, dict[str, tuple]] = {
+    None: {"description": _STR, "extends": _STR, "tier_floor": _TIER},
+    "namespaces": {"user": _BOOL, "pid": _BOOL, "net": _BOOL, "ipc": _BOOL, "uts": _BOOL, "cgroup": _BOOL},
+    "filesystem": {
+        "root": ("\"empty\" or \"host-ro\"", lambda v: v in ("empty", "host-ro")),
+        "ro_binds": _ABS_PATHS, "ro_binds_try": _ABS_PATHS, "binds": _ABS_PATHS,
+        "tmpfs": _ABS_PATHS, "hide": _ABS_PATHS, "dev": _BOOL, "proc": _BOOL,
+        "workdir": ("\"rw\", \"ro\" or \"none\"", lambda v: v in ("rw", "ro", "none")),
+        "merged_usr_links": _BOOL,
+    },
+    "environment": {"keep": _STRS, "set": _ENV_MAP},
+    "seccomp": {
+        "mode": ("\"allowlist\" or \"denylist\"", lambda v: v in ("allowlist", "denylist")),
+        "allow": _STRS, "deny": _STRS,
+    },
+    "landlock": {"deny_tcp": _BOOL, "scope_signals": _BOOL, "scope_abstract_unix": _BOOL},
+    "rlimits": {"nofile": _LIMIT, "nproc": _LIMIT, "core": _LIMIT, "as": _LIMIT, "cpu": _LIMIT,
+                "fsize": _LIMIT},
+    "run": {"timeout": _TIMEOUT},
+}
+
+DEFAULTS: dict[str, Any] = {
+    "description": "",
+    "tier_floor": "KernelFull",
+    "namespaces": {"user": True, "pid": True, "net": True, "ipc": True, "uts": True, "cgroup": True},
+    "filesystem": {"root": "empty", "ro_binds": [], "ro_binds_try": [], "binds": [], "tmpfs": ["/tmp"],
+                   "hide": [], "dev": True, "proc": True, "workdir": "rw", "merged_usr_links": True},
+    "environment": {"keep": [], "set": {}},
+    "seccomp": {"mode": "allowlist", "allow": [], "deny": []},
+    "landlock": {"deny_tcp": True, "scope_signals": True, "scope_abstract_unix": True},
+    "rlimits": {"core": 0},
+    "run": {"timeout": 0},
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated, fully merged profile."""
+
+    name: str
+    source: str  # the file it was read from
+    data: dict = field(repr=False)
+
+    @property
+    def tier_floor(self) -> Tier:
+        return Tier[self.data["tier_floor"]]
+
+    def table(self, name: str) -> dict:
+        return self.data[name]
+
+    @property
+    def timeout(self) -> float:
+        return float(self.data["run"]["timeout"])
+
+    def to_toml(self) -> str:
+        """The resolved profile as TOML (``sbx profiles show``)."""
+        lines = [f"# resolved profile {self.name!r} from {self.source}"]
+        for key in ("description", "tier_floor"):
+            lines.append(f"{key} = {_toml_value(self.data[key])}")
+        for table in SCHEMA:
+            if table is None:
+                continue
+            lines.append(f"\n[{table}]")
+            for key, value in self.data[table].items():
+                lines.append(f"{key} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def profile_dirs() -> list[Path]:
+    """Where profile names are looked up, first match wins."""
+    dirs = [Path(p) for p in os.environ.get(PROFILE_PATH_ENV, "").split(":") if p]
+    dirs.append(Path(__file__).resolve().parent.parent / "profiles")  # a source checkout
+    dirs.append(Path(sys.prefix) / "share" / "sbx" / "profiles")  # an installed wheel
+    return dirs
+
+
+def list_profiles() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for directory in profile_dirs():
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.toml")):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def _looks_like_path(spec: str) -> bool:
+    return "/" in spec or spec.endswith(".toml")
+
+
+def find_profile(spec: str, relative_to: Path | None = None) -> Path:
+    if _looks_like_path(spec):
+        path = Path(spec)
+        if relative_to is not None and not path.is_absolute():
+            path = relative_to / path
+        if not path.is_file():
+            raise ProfileError(f"profile file {spec} does not exist",
+                               "check the path, or name a shipped profile (see 'sbx profiles')")
+        return path
+    for directory in profile_dirs():
+        candidate = directory / f"{spec}.toml"
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(sorted(list_profiles())) or "none found"
+    raise ProfileError(f"no profile named {spec!r} (known: {names})",
+                       "use one of the listed names, or a path to a .toml file")
+
+
+def load_profile(spec: str) -> Profile:
+    """Load, merge (``extends``) and validate a profile by name or path."""
+    path = find_profile(spec)
+    merged = _load_merged(path, chain=())
+    data = _deep_merge(DEFAULTS, merged)
+    data.pop("extends", None)
+    name = path.stem if _looks_like_path(spec) else spec
+    return Profile(name=name, source=str(path), data=data)
+
+
+def _load_merged(path: Path, chain: tuple) -> dict:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, resolved))
+        raise ProfileError(f"profile {path}: 'extends' forms a cycle: {cycle}",
+                           "make the chain of 'extends' end in a profile that extends nothing")
+    raw, text = _read_toml(path)
+    _validate(raw, path, text)
+    parent_spec = raw.get("extends")
+    if parent_spec is None:
+        return raw
+    parent_path = find_profile(parent_spec, relative_to=path.parent)
+    parent = _load_merged(parent_path, (*chain, resolved))
+    return _deep_merge(parent, raw)
+
+
+def _read_toml(path: Path) -> tuple[dict, str]:
+    import tomllib
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc.strerror}",
+                           "check the file's permissions") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile {path} is not UTF-8 text", "save the profile as UTF-8") from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"profile {path}: TOML syntax error: {exc}",
+                           "fix the syntax at that line (see https://toml.io)") from None
+
+
+def _validate(raw: dict, path: Path, text: str) -> None:
+    for key, value in raw.items():
+        if key in SCHEMA:
+            if not isinstance(value, dict):
+                _fail(path, text, None, key, f"[{key}] must be a table")
+            for sub, sub_value in value.items():
+                _check(path, text, key, sub, sub_value)
+        else:
+            _check(path, text, None, key, value)
+
+
+def _check(path: Path, text: str, table: str | None, key: str, value: Any) -> None:
+    allowed = SCHEMA[table]
+    where = f"[{table}] " if table else ""
+    if key not in allowed:
+        expected = ", ".join(sorted(k for k in allowed)) + (
+            ", or a table: " + ", ".join(f"[{t}]" for t in SCHEMA if t) if table is None else "")
+        _fail(path, text, table, key, f"unknown key {where}{key!r}; expected one of: {expected}")
+    description, ok = allowed[key]
+    if not ok(value):
+        _fail(path, text, table, key, f"{where}{key} = {value!r} is invalid: expected {description}")
+
+
+def _fail(path: Path, text: str, table: str | None, key: str, message: str) -> None:
+    line = find_key_line(text, table, key)
+    at = f"{path}:{line}" if line else str(path)
+    raise ProfileError(f"profile {at}: {message}", "fix that line; the README lists every profile key")
+
+
+def find_key_line(text: str, table: str | None, key: str) -> int | None:
+    """The line (1-based) where ``key`` is set inside ``[table]``, if it can be found."""
+    current: str | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            current = stripped.strip("[]").strip()
+            if current == key and table is None:
+                return number
+            continue
+        name = stripped.split("=", 1)[0].strip().strip('"') if "=" in stripped else None
+        if name == key and current == table:
+            return number
+        if table and name == table:  # an inline table at top level
+            return number
+    return None
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key in SCHEMA:
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,244 @@
+"""The seccomp layer: which system calls a profile allows or denies, compiled to BPF.
+
+``SeccompSpec`` is pure data derived from the profile (planning and ``--dry-run`` use it
+without libseccomp). ``compiled_bpf`` turns a spec into a BPF program with pyseccomp on
+a cache miss only: importing pyseccomp costs tens of milliseconds here, so compiled
+programs are cached by spec content, architecture and libseccomp version.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+from . import cache
+from .errors import ProfileError, SetupError
+
+# Bump when the rules below change shape in a way the spec's content does not capture.
+RULES_VERSION = 4
+
+# Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
+DENIED_ALWAYS: tuple[str, ...] = (
+    "ptrace", "process_vm_readv", "process_vm_writev",  # reading or steering other processes
+    "pidfd_getfd", "kcmp",  # stealing or probing another process's descriptors
+    "mount", "umount2", "pivot_root", "chroot",  # reshaping the filesystem view bwrap built
+    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",  # new mount API
+    "unshare", "setns",  # new namespaces: the kernel's largest unprivileged attack surface
+    "keyctl", "add_key", "request_key",  # the keyring is not namespaced
+    "bpf", "perf_event_open", "userfaultfd",  # frequent kernel-exploit primitives
+    "io_uring_setup", "io_uring_enter", "io_uring_register",  # io_uring operations bypass seccomp
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
+    "open_by_handle_at", "name_to_handle_at",  # CVE-2014-3519 (shocker): opens by inode, past any bind
+    "acct", "swapon", "swapoff", "syslog", "quotactl", "vhangup", "lookup_dcookie",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
+    "iopl", "ioperm", "uselib", "fanotify_init", "personality",
+)
+
+# clone3 passes its flags in a struct seccomp cannot read: answer ENOSYS so libc falls back
+# to clone, whose flags we can check (the lesson Flatpak recorded).
+ENOSYS_ALWAYS: tuple[str, ...] = ("clone3",)
+
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWTIME": 0x00000080, "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
+}
+DENIED_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}  # typing into / reading the terminal
+AF_UNIX = 1
+
+# What ordinary programs need: shells, coreutils, Python, git, compilers.
+STRICT_ALLOWED: tuple[str, ...] = tuple(sorted(set("""
+read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2 lseek
+open openat openat2 creat close close_range dup dup2 dup3 fcntl flock ioctl
+stat fstat lstat newfstatat statx statfs fstatfs access faccessat faccessat2
+readlink readlinkat getdents getdents64 getcwd chdir fchdir
+mkdir mkdirat rmdir unlink unlinkat rename renameat renameat2 link linkat symlink symlinkat
+chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat umask truncate ftruncate fallocate
+utime utimes utimensat futimesat mknod mknodat
+getxattr lgetxattr fgetxattr listxattr llistxattr flistxattr
+setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
+fsync fdatasync sync syncfs sync_file_range fadvise64 readahead
+sendfile splice tee vmsplice copy_file_range
+pipe pipe2 select pselect6 poll ppoll epoll_create epoll_create1 epoll_ctl epoll_wait
+epoll_pwait epoll_pwait2 eventfd eventfd2 signalfd signalfd4 timerfd_create timerfd_settime
+timerfd_gettime inotify_init inotify_init1 inotify_add_watch inotify_rm_watch
+mmap munmap mprotect mremap msync mincore madvise brk mlock mlock2 munlock mlockall munlockall
+membarrier memfd_create get_mempolicy set_mempolicy mbind
+shmget shmat shmdt shmctl semget semop semtimedop semctl msgget msgsnd msgrcv msgctl
+mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr
+rt_sigaction rt_sigprocmask rt_sigreturn rt_sigsuspend rt_sigpending rt_sigtimedwait
+rt_sigqueueinfo rt_tgsigqueueinfo sigaltstack kill tkill tgkill pause restart_syscall
+clone fork vfork execve execveat exit exit_group wait4 waitid
+pidfd_open pidfd_send_signal set_tid_address set_robust_list get_robust_list rseq
+futex futex_waitv arch_prctl prctl
+getpid getppid gettid getuid geteuid getgid getegid getresuid getresgid getgroups
+setuid setgid setreuid setregid setresuid setresgid setfsuid setfsgid setgroups
+getpgid setpgid getpgrp getsid setsid capget capset
+getrlimit setrlimit prlimit64 getrusage getpriority setpriority
+sched_yield sched_getaffinity sched_setaffinity sched_getparam sched_setparam
+sched_getscheduler sched_setscheduler sched_get_priority_max sched_get_priority_min
+sched_rr_get_interval sched_getattr sched_setattr getcpu
+nanosleep clock_nanosleep clock_gettime clock_getres gettimeofday time times
+alarm getitimer setitimer timer_create timer_settime timer_gettime timer_getoverrun timer_delete
+uname sysinfo getrandom
+socket socketpair connect accept accept4 bind listen shutdown getsockname getpeername
+setsockopt getsockopt sendto recvfrom sendmsg recvmsg sendmmsg recvmmsg
+io_setup io_destroy io_submit io_cancel io_getevents io_pgetevents
+landlock_create_ruleset landlock_add_rule landlock_restrict_self
+""".split())))
+
+# The calls a descriptor-enumerating probe depends on; tests check they reach the kernel.
+REQUIRED_CALLS: tuple[str, ...] = ("fcntl", "getrlimit", "prlimit64", "pread64")
+
+
+@dataclass(frozen=True)
+class SeccompSpec:
+    """What the filter does, as data: the cache key and the ``--dry-run`` summary."""
+
+    mode: str  # "allowlist": default ENOSYS; "denylist": default allow
+    allowed: tuple[str, ...]
+    denied: tuple[str, ...]
+    only_unix_sockets: bool
+
+    def key_material(self) -> str:
+        return json.dumps({"v": RULES_VERSION, "mode": self.mode, "allowed": self.allowed,
+                           "denied": self.denied, "unix": self.only_unix_sockets,
+                           "clone": CLONE_NAMESPACE_FLAGS, "ioctl": DENIED_IOCTLS,
+                           "enosys": ENOSYS_ALWAYS}, sort_keys=True)
+
+    def summary(self) -> list[str]:
+        lines = [
+            f"mode: {self.mode} (" + ("unlisted calls fail with ENOSYS" if self.mode == "allowlist"
+                                      else "unlisted calls are allowed") + ")",
+            f"denied with EPERM: {', '.join(self.denied)}",
+            "denied with EPERM: clone with any of " + ", ".join(CLONE_NAMESPACE_FLAGS),
+            "denied with EPERM: ioctl " + ", ".join(DENIED_IOCTLS) + " (low 32 bits compared)",
+            f"ENOSYS: {', '.join(ENOSYS_ALWAYS)} (libc falls back to clone)",
+            "other architectures (i386, x32): the process is killed",
+        ]
+        if self.only_unix_sockets:
+            lines.append("socket: AF_UNIX only (other families EPERM)")
+        if self.mode == "allowlist":
+            lines.append(f"allowed: {len(self.allowed)} calls")
+        return lines
+
+
+def spec_from_profile(seccomp_table: dict, share_net: bool) -> SeccompSpec:
+    extra_deny = set(seccomp_table.get("deny", ()))
+    extra_allow = set(seccomp_table.get("allow", ()))
+    denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
+    mode = seccomp_table["mode"]
+    allowed: tuple[str, ...] = ()
+    if mode == "allowlist":
+        allowed = tuple(sorted((set(STRICT_ALLOWED) | extra_allow) - set(denied) - set(ENOSYS_ALWAYS)))
+    return SeccompSpec(mode=mode, allowed=allowed, denied=denied, only_unix_sockets=not share_net)
+
+
+def libseccomp_version() -> str:
+    """The version of the libseccomp the BPF would be compiled with (loaded by soname)."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return "missing"
+
+    class Version(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+    lib.seccomp_version.restype = ctypes.POINTER(Version)
+    v = lib.seccomp_version().contents
+    return f"{v.major}.{v.minor}.{v.micro}"
+
+
+def cache_key(spec: SeccompSpec) -> str:
+    material = f"{spec.key_material()}|{os.uname().machine}|{libseccomp_version()}"
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def compiled_bpf(spec: SeccompSpec) -> bytes:
+    """The BPF program for ``spec``, from the cache or compiled now (and cached)."""
+    name = f"seccomp-{cache_key(spec)}.bpf"
+    program = cache.read(name)
+    if program and _well_framed(program):
+        return program
+    program = compile_bpf(spec)
+    cache.write(name, program)
+    return program
+
+
+def _well_framed(blob: bytes) -> bool:
+    offset = 0
+    while offset + 4 <= len(blob):
+        size = int.from_bytes(blob[offset:offset + 4], "little")
+        if size == 0 or size % 8:
+            return False
+        offset += 4 + size
+    return offset == len(blob) and offset > 0
+
+
+def compile_bpf(spec: SeccompSpec) -> bytes:
+    """Two stacked programs, framed for stage 2 (see ``split_programs``).
+
+    One is the profile's allowlist or denylist. The other guards arguments
+    (clone namespace flags, terminal ioctls, socket families) with a default of ALLOW.
+    They are separate because libseccomp folds an unconditional ALLOW for a call over its
+    conditional denials; stacked filters cannot be folded: the kernel runs both and keeps
+    the most restrictive answer.
+    """
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise SetupError(f"cannot load libseccomp through pyseccomp: {exc}",
+                         "install libseccomp2 and the pyseccomp package (pip install pyseccomp)") from None
+    eperm = sc.ERRNO(errno.EPERM)
+
+    def new_filter(default: int):
+        flt = sc.SyscallFilter(default)
+        flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 and x32 calls end the process
+        flt.set_attr(sc.Attr.CTL_NNP, 0)  # stage 2 sets no_new_privs itself
+        return flt
+
+    def add(flt, action: int, name: str, *args, from_profile: bool = True) -> None:
+        try:
+            flt.add_rule(action, name, *args)
+        except (OSError, ValueError, RuntimeError) as exc:
+            if from_profile:
+                raise ProfileError(f"seccomp: cannot add a rule for syscall {name!r}: {exc}",
+                                   "check the syscall names in the profile's [seccomp] table") from None
+
+    main = new_filter(sc.ERRNO(errno.ENOSYS) if spec.mode == "allowlist" else sc.ALLOW)
+    for name in spec.denied:
+        add(main, eperm, name, from_profile=name not in DENIED_ALWAYS)
+    for name in ENOSYS_ALWAYS:
+        add(main, sc.ERRNO(errno.ENOSYS), name, from_profile=False)
+    for name in spec.allowed:
+        # Built-in names this libseccomp does not know stay at the default (ENOSYS).
+        add(main, sc.ALLOW, name, from_profile=name not in STRICT_ALLOWED)
+
+    guard = new_filter(sc.ALLOW)
+    for flag in CLONE_NAMESPACE_FLAGS.values():
+        add(guard, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag), from_profile=False)
+    for request in DENIED_IOCTLS.values():
+        add(guard, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request), from_profile=False)
+    if spec.only_unix_sockets:
+        add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
+    # The guard goes first: the allowlist program, once loaded, refuses seccomp() itself.
+    return frame_programs([_export(guard), _export(main)])
+
+
+def _export(flt) -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        flt.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def frame_programs(programs: list[bytes]) -> bytes:
+    """Each program preceded by its length in bytes (4 bytes, little-endian)."""
+    return b"".join(len(p).to_bytes(4, "little") + p for p in programs)
