@@ -1,0 +1,153 @@
+"""Shared fixtures: where probes live, how to run sbx as root and as an unprivileged user.
+
+Kernel-property tests never skip: this host kind resolves to KernelFull as root and as
+uid 65534, so a test that cannot run here fails. Everything the unprivileged user runs
+(interpreter, package copy, probes, workdirs) lives under /tmp, which that uid can reach.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROBES = Path(__file__).resolve().parent / "probes"
+UNPRIV_UID = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # visible inside strict, reachable by every uid
+
+
+def _shared_dir(prefix: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class Runner:
+    """Runs ``python -m sandbox`` as one user, with fds passed through unchanged."""
+
+    label: str
+    python: str
+    env: dict
+    uid: int | None = None
+
+    def argv(self, *args: str) -> list[str]:
+        base = [self.python, "-m", "sandbox", *args]
+        if self.uid is None:
+            return base
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *base]
+
+    def run(self, *args: str, pass_fds=(), cwd=None, timeout=60, input=None,
+            fds: str = "") -> subprocess.CompletedProcess:
+        """Run sbx. ``fds`` is a shell redirection run first in the caller, e.g.
+        ``exec 7</etc/hostname`` (fd 7 open and inheritable) or ``exec 9<&-`` (fd 9 closed);
+        it runs in a child so the test process's own descriptors stay untouched."""
+        argv = self.argv(*args)
+        if fds:
+            argv = with_fds(fds, argv)
+        return subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds,
+                              cwd=cwd, env=self.env, timeout=timeout, input=input)
+
+    def workdir(self) -> Path:
+        path = _shared_dir(f"sbx-work-{self.label}-")
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+        return path
+
+
+@pytest.fixture(scope="session")
+def root_runner() -> Runner:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+    env["PYTHONPATH"] = str(REPO)
+    return Runner("root", sys.executable, env)
+
+
+@pytest.fixture(scope="session")
+def unpriv_runner() -> Runner:
+    """sbx as uid 65534: a copy of the package and its one needed dependency under /tmp."""
+    assert os.geteuid() == 0, "the unprivileged half of the suite needs root to switch users"
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed for the unprivileged tests"
+    home = _shared_dir("sbx-unpriv-")
+    shutil.copytree(REPO / "sandbox", home / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "profiles", home / "profiles")
+    import pyseccomp
+
+    shutil.copy(pyseccomp.__file__, home / "pyseccomp.py")
+    for path in home.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(home), "HOME": str(home),
+           "LANG": "C.UTF-8"}
+    yield Runner("nobody", SYSTEM_PYTHON, env, uid=UNPRIV_UID)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(params=["root", "nobody"])
+def runner(request, root_runner) -> Runner:
+    """Both users, for the key kernel-property tests."""
+    if request.param == "root":
+        return root_runner
+    return request.getfixturevalue("unpriv_runner")
+
+
+@pytest.fixture(scope="session")
+def probe_dir() -> Path:
+    path = _shared_dir("sbx-probes-")
+    for probe in PROBES.glob("*.py"):
+        shutil.copy(probe, path / probe.name)
+        (path / probe.name).chmod(0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def probe_source(name: str) -> str:
+    return (PROBES / f"{name}.py").read_text()
+
+
+def parse_json_line(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"the probe printed no JSON: {stdout!r}"
+    return json.loads(lines[-1])
+
+
+def verbose_tier(stderr: str) -> str:
+    """The tier a ``sbx run --verbose`` reported it ran at."""
+    for line in stderr.splitlines():
+        if line.startswith("sbx: tier "):
+            return line.split()[2]
+    raise AssertionError(f"sbx did not report its tier: {stderr!r}")
+
+
+FD7 = "exec 7</etc/hostname"
+
+
+def with_fds(redirection: str, argv: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", f'{redirection}; exec "$@"', "sh", *argv]
+
+
+def hold_fd(number: int, path: str = "/etc/hostname", flags: int = os.O_RDONLY) -> int:
+    """Open ``path`` as exactly descriptor ``number``, inheritable, in this process.
+
+    The number must be free: pytest's own capture uses low descriptors.
+    """
+    import fcntl
+
+    try:
+        fcntl.fcntl(number, fcntl.F_GETFD)
+    except OSError:
+        pass
+    else:
+        raise AssertionError(f"descriptor {number} is already in use in the test process")
+    fd = os.open(path, flags)
+    if fd != number:
+        os.dup2(fd, number, inheritable=True)
+        os.close(fd)
+    os.set_inheritable(number, True)
+    return number

@@ -1,0 +1,130 @@
+"""The pure planner: exact bwrap argv, Landlock grants from the same entries, tier choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.errors import BindError, TierBelowFloorError, TierError, UsageError, WorkdirError
+from sandbox.hostview import HostPath, HostView
+from sandbox.landlock_rights import FS_RIGHTS, grant_mask
+from sandbox.plan import Request, build_plan
+from sandbox.probes import choose_tier
+from sandbox.profile import load_profile
+from sandbox.tiers import Tier
+
+HOST = HostView(
+    paths={
+        "/usr": HostPath("dir", real="/usr", is_dir=True),
+        "/etc/passwd": HostPath("file", real="/etc/passwd"),
+        "/bin": HostPath("symlink", "usr/bin", "/usr/bin", True),
+        "/lib64": HostPath("symlink", "usr/lib64", "/usr/lib64", True),
+        "/work/project": HostPath("dir", real="/work/project", is_dir=True),
+        "/data": HostPath("dir", real="/data", is_dir=True),
+    },
+    python_candidates=("/opt/py/bin/python3", "/usr/bin/python3.11"), uid=1000, gid=1000)
+FEATURES = frozenset({"clearenv", "disable-userns"})
+
+
+def plan(tier=Tier.KernelFull, profile="strict", **request):
+    fields = {"argv": ("ls", "-l"), "workdir": "/work/project", **request}
+    return build_plan(load_profile(profile), tier, Request(**fields), HOST, 7, FEATURES)
+
+
+def test_strict_bwrap_argv_is_exact():
+    p = plan()
+    assert p.bwrap_args == (
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+        "--unshare-cgroup-try", "--uid", "1000", "--gid", "1000", "--disable-userns",
+        "--hostname", "sbx", "--die-with-parent", "--new-session", "--clearenv",
+        "--ro-bind", "/usr", "/usr", "--ro-bind-try", "/etc/passwd", "/etc/passwd",
+        "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib64", "/lib64",
+        "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--bind", "/work/project", "/work/project", "--remount-ro", "/", "--chdir", "/work/project")
+    assert p.stage2_python == "/usr/bin/python3.11"  # /opt is not visible inside
+
+
+def test_landlock_grants_come_from_the_same_entries_as_the_binds():
+    p = plan(ro_binds=("/data",))
+    rules = {path: bits for path, bits, _ in p.landlock["rules"]}
+    bound = {p.bwrap_args[i + 2] for i, a in enumerate(p.bwrap_args) if a in ("--ro-bind", "--ro-bind-try", "--bind")}
+    assert bound | {"/dev", "/proc", "/tmp"} == set(rules)
+    assert rules["/usr"] == rules["/data"] == grant_mask("read", 7)
+    assert rules["/work/project"] == rules["/tmp"] == sum(bit for bit, _ in FS_RIGHTS.values())
+    assert not rules["/usr"] & FS_RIGHTS["write_file"][0]
+    assert p.landlock["net"] == 3  # bind_tcp and connect_tcp handled, no rule: denied
+    assert p.landlock["scoped"] == 3
+
+
+def test_share_net_drops_the_net_namespace_and_the_tcp_rules():
+    p = plan(share_net=True)
+    assert "--unshare-net" not in p.bwrap_args
+    assert p.landlock["net"] == 0
+    assert not p.seccomp.only_unix_sockets
+
+
+def test_landlock_abi_below_network_support_handles_no_net_rights():
+    p = build_plan(load_profile("strict"), Tier.KernelFull, Request(("ls",), "/work/project"), HOST, 3)
+    assert p.landlock["net"] == 0 and p.landlock["scoped"] == 0
+    assert not p.landlock["fs"] & FS_RIGHTS["ioctl_dev"][0]
+
+
+def test_seccomp_only_tier_has_no_landlock_and_environment_only_no_bwrap():
+    assert plan(Tier.KernelSeccompOnly).landlock is None
+    env_only = plan(Tier.EnvironmentOnly)
+    assert env_only.bwrap_args is None and env_only.seccomp is None and env_only.landlock is None
+    assert env_only.stage2_python == "/opt/py/bin/python3"
+
+
+def test_environment_is_an_allowlist():
+    p = plan(host_env=(("LANG", "C.UTF-8"), ("LC_ALL", "C"), ("AWS_SECRET_ACCESS_KEY", "x"), ("HOME", "/root")),
+             setenv=(("FOO", "bar"),))
+    assert p.env["LANG"] == "C.UTF-8" and p.env["LC_ALL"] == "C" and p.env["FOO"] == "bar"
+    assert "AWS_SECRET_ACCESS_KEY" not in p.env
+    assert p.env["HOME"] == "/tmp"
+
+
+def test_standard_hides_secrets_under_a_read_only_host():
+    host = HostView(paths={**HOST.paths, "/etc/shadow": HostPath("file", real="/etc/shadow"),
+                           "/root": HostPath("dir", real="/root", is_dir=True)},
+                    python_candidates=HOST.python_candidates, uid=0, gid=0)
+    p = build_plan(load_profile("standard"), Tier.KernelSeccompOnly, Request(("ls",), "/work/project"), host, 0)
+    args = p.bwrap_args
+    assert args[args.index("--ro-bind"):args.index("--ro-bind") + 3] == ("--ro-bind", "/", "/")
+    triples = [args[i:i + 3] for i in range(len(args) - 2)]
+    assert ("--ro-bind", "/dev/null", "/etc/shadow") in triples
+    pairs = [args[i:i + 2] for i in range(len(args) - 1)]
+    assert ("--tmpfs", "/root") in pairs and ("--remount-ro", "/root") in pairs
+    assert "--cap-drop" in args and "65534" in args  # root becomes an unprivileged uid inside
+
+
+@pytest.mark.parametrize("request_fields, error", [
+    ({"argv": ()}, UsageError),
+    ({"workdir": "/"}, WorkdirError),
+    ({"workdir": "/missing"}, WorkdirError),
+    ({"workdir": "relative"}, WorkdirError),
+    ({"binds": ("/missing",)}, BindError),
+    ({"preserve_fds": (2,)}, UsageError),
+])
+def test_requests_that_cannot_be_met(request_fields, error):
+    host = HostView(paths={**HOST.paths, "/": HostPath("dir", real="/", is_dir=True)},
+                    python_candidates=HOST.python_candidates)
+    fields = {"argv": ("ls",), "workdir": "/work/project", **request_fields}
+    with pytest.raises(error):
+        build_plan(load_profile("strict"), Tier.KernelFull, Request(**fields), host, 7)
+
+
+def test_tier_choice():
+    assert choose_tier(Tier.KernelFull, None, Tier.KernelFull, False, "strict") == (Tier.KernelFull, None)
+    with pytest.raises(TierError):
+        choose_tier(Tier.KernelSeccompOnly, Tier.KernelFull, Tier.KernelSeccompOnly, False, "standard")
+    with pytest.raises(TierBelowFloorError):
+        choose_tier(Tier.KernelSeccompOnly, None, Tier.KernelFull, False, "strict")
+    tier, warning = choose_tier(Tier.KernelFull, Tier.EnvironmentOnly, Tier.KernelFull, True, "strict")
+    assert tier == Tier.EnvironmentOnly and "NOT enforced" in warning
+
+
+def test_dry_run_describes_every_layer():
+    text = plan().describe()
+    for fragment in ("tier: KernelFull", "bwrap argv: bwrap --unshare-user", "grant /usr: execute, read_file",
+                     "network: denied: bind_tcp, connect_tcp", "mode: allowlist", "ptrace", "RLIMIT_NOFILE=1024"):
+        assert fragment in text, fragment
