@@ -165,7 +165,8 @@ class Sandbox:
     def _prepare(self, argv, preserve_fds, env, exe_sha256):
         plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
         try:
-            return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf)
-        finally:
+            return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf), exe
+        except BaseException:
             if exe is not None:
                 exe.close()
+            raise

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except SandboxError as exc:
         print(exc.render(), file=sys.stderr)
-        return EXIT_SBX_ERROR
+        return exc.exit_status
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
 

@@ -13,6 +13,7 @@ class SandboxError(Exception):
     """Base class of every error sbx raises on purpose."""
 
     code = "sbx-error"
+    exit_status = EXIT_SBX_ERROR
     default_remedy = "see 'sbx --help' and the README"
 
     def __init__(self, message: str, remedy: str | None = None) -> None:

@@ -71,6 +71,7 @@ class LaunchPlan:
     seccomp: SeccompSpec | None = None
     share_net: bool = False
     exe_fd: int | None = None
+    exe_path: str | None = None
 
     def stage2_config(self) -> dict:
         """The part of stage 2's configuration known before launch (fds are added then)."""
@@ -89,6 +90,8 @@ class LaunchPlan:
         else:
             out.append("bwrap argv: bwrap " + shlex.join(self.bwrap_args)
                        + f" -- {self.stage2_python} -I -S -c <stage 2> CONFIG_FD KEEP")
+        if self.exe_fd is not None:
+            out.append(f"verified executable: {self.exe_path}, run from sealed descriptor {self.exe_fd}")
         out.append(f"stage 2: {self.stage2_python}: fd hygiene, rlimits, no_new_privs"
                    + (", Landlock" if self.landlock else "") + (", seccomp" if self.seccomp else "")
                    + ", exec")
@@ -150,7 +153,8 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                       mounts=tuple(mounts), bwrap_args=bwrap_args, stage2_python=python,
                       preserved_fds=preserved, env=env,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
-                      landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd)
+                      landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
+                      exe_path=request.exe_path)
 
 
 def _check_workdir(workdir: str, host: HostView) -> str:
@@ -210,8 +214,6 @@ def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) ->
         mounts.append(Mount("bind", workdir, workdir, "read-write"))
     elif fs["workdir"] == "ro":
         mounts.append(Mount("ro-bind", workdir, workdir, "read"))
-    if request.exe_path:
-        mounts.append(Mount("exe", request.exe_path, grant="exec-file"))
     return mounts
 
 

@@ -1,0 +1,131 @@
+"""--exe-sha256 and exe_sha256=: the bytes that were checked are the bytes that run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+
+import pytest
+
+from sandbox import Sandbox
+from sandbox.errors import ExecutableDigestError, PreservedFdError
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.fixture
+def outside_dir():
+    """A directory the strict profile does not bind."""
+    path = tempfile.mkdtemp(prefix="sbx-exe-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def write_script(path: str, text: str) -> str:
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\necho {text}\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_right_digest_runs_a_binary(root_runner, tmp_path):
+    result = root_runner.run("run", "--workdir", str(tmp_path), "--exe-sha256", sha256("/usr/bin/uname"),
+                             "--", "uname", "-s")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Linux\n"
+
+
+def test_right_digest_runs_a_script_from_an_unbound_directory(root_runner, tmp_path, outside_dir):
+    script = write_script(os.path.join(outside_dir, "tool.sh"), "reviewed")
+    write_script(os.path.join(outside_dir, "neighbour.sh"), "neighbour")
+    result = root_runner.run("run", "--workdir", str(tmp_path), "--exe-sha256", sha256(script), "--", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "reviewed\n"
+    # The directory itself stays invisible: only the verified file was made runnable.
+    neighbour = root_runner.run("run", "--workdir", str(tmp_path), "--", "cat", os.path.join(outside_dir, "neighbour.sh"))
+    assert neighbour.returncode != 0
+
+
+def test_wrong_digest_refuses_and_runs_nothing(root_runner, tmp_path):
+    marker = tmp_path / "ran"
+    script = write_script(str(tmp_path / "tool.sh"), "x")
+    with open(script, "a") as f:
+        f.write(f"touch {marker}\n")
+    result = root_runner.run("run", "--workdir", str(tmp_path), "--exe-sha256", "0" * 64, "--", script)
+    assert result.returncode == 125
+    assert result.stderr.startswith("sbx: error: exe-digest: ")
+    assert sha256(script) in result.stderr and "0" * 64 in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("how", ["rename", "rewrite-in-place"])
+def test_swapping_the_file_after_the_check_changes_nothing(tmp_path, how, monkeypatch):
+    script = write_script(str(tmp_path / "tool.sh"), "original")
+    digest = sha256(script)
+    sandbox = Sandbox("strict", str(tmp_path))
+    from sandbox import verified_exe
+
+    real_open = verified_exe.open_verified
+
+    def open_then_swap(*args, **kwargs):
+        verified = real_open(*args, **kwargs)
+        if how == "rename":
+            write_script(str(tmp_path / "evil.sh"), "EVIL")
+            os.rename(tmp_path / "evil.sh", script)
+        else:
+            with open(script, "r+") as f:
+                f.write("#!/bin/sh\necho EVIL   \n")
+        return verified
+
+    monkeypatch.setattr(verified_exe, "open_verified", open_then_swap)
+    result = sandbox.run([script], capture_output=True, text=True, exe_sha256=digest)
+    assert open(script).read().count("EVIL") == 1  # the swap really happened
+    assert result.stdout == "original\n"
+    assert result.returncode == 0
+
+
+def test_a_descriptor_that_cannot_be_made_inheritable_is_the_documented_error(tmp_path, monkeypatch):
+    import errno
+
+    from sandbox import stage2
+
+    sandbox = Sandbox("strict", str(tmp_path))
+
+    def refuse(fd, cmd, arg=0):
+        if cmd == stage2.fcntl.F_SETFD:
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        return stage2.fcntl.fcntl(fd, cmd)
+
+    monkeypatch.setattr(stage2, "make_files_inheritable",
+                        lambda fds, fcntl_fn=refuse: [stage2.clear_cloexec(fd, refuse) for fd in fds])
+    with pytest.raises(PreservedFdError) as error:
+        sandbox.run(["uname"], exe_sha256=sha256("/usr/bin/uname"))
+    assert "failed to clear close-on-exec for preserved file descriptor" in str(error.value)
+    assert "Operation not permitted" in str(error.value)
+
+
+def test_library_wrong_digest_raises(tmp_path):
+    with pytest.raises(ExecutableDigestError):
+        Sandbox("strict", str(tmp_path)).run(["uname"], exe_sha256="f" * 64)
+
+
+def test_concurrent_verified_launches(tmp_path):
+    sandbox = Sandbox("strict", str(tmp_path))
+    digest = sha256("/usr/bin/uname")
+    results = []
+
+    def worker():
+        results.append(sandbox.run(["uname", "-s"], capture_output=True, text=True, exe_sha256=digest).stdout)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["Linux\n"] * 8
