@@ -217,17 +217,9 @@ class SandboxProcess(subprocess.Popen):
     def notes(self) -> list[str]:
         return self._status.notes
 
-    def command_pids(self) -> list[int]:
-        """Host pids of the sandboxed command(s): bwrap -> its pid-1 reaper -> the command."""
-        if not self._uses_bwrap:
-            return [self.pid]
-        found = []
-        for reaper in _children(self.pid):
-            found += _children(reaper) or [reaper]
-        return found
-
     def send_signal_to_command(self, signum: int) -> None:
-        targets = self.command_pids() if self.returncode is None else []
+        """Deliver ``signum`` to the command itself (not to bwrap, which would just die)."""
+        targets = command_pids(self.pid, self._uses_bwrap) if self.returncode is None else []
         if not targets:
             targets = [self.pid]
         for pid in targets:
@@ -241,21 +233,7 @@ class SandboxProcess(subprocess.Popen):
         if self.returncode is not None:
             return
         self._killed_by_us = True
-        if self._uses_bwrap:
-            # bwrap's --die-with-parent and the pid namespace do the rest: when the pid-1
-            # reaper dies, the kernel kills everything else in the namespace.
-            victims = [self.pid]
-        else:
-            victims = _descendants(self.pid) + [self.pid]
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_sandbox_tree(self.pid, self._uses_bwrap)
 
     def __del__(self) -> None:
         if getattr(self, "returncode", 0) is None and getattr(self, "pid", None):
@@ -268,6 +246,35 @@ class SandboxProcess(subprocess.Popen):
         if status is not None:
             status.close()
         super().__del__()
+
+
+def kill_sandbox_tree(pid: int, uses_bwrap: bool) -> None:
+    """SIGKILL the sandbox rooted at ``pid`` (bwrap, or stage 2's exec on EnvironmentOnly)."""
+    if uses_bwrap:
+        # bwrap's --die-with-parent and the pid namespace do the rest: when the pid-1
+        # reaper dies, the kernel kills everything else in the namespace.
+        victims = [pid]
+    else:
+        victims = _descendants(pid) + [pid]
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def command_pids(pid: int, uses_bwrap: bool) -> list[int]:
+    """Host pids of the sandboxed command(s): bwrap -> its pid-1 reaper -> the command."""
+    if not uses_bwrap:
+        return [pid]
+    found = []
+    for reaper in _children(pid):
+        found += _children(reaper) or [reaper]
+    return found
 
 
 def _children(pid: int) -> list[int]:
