@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-PROBE = (REPO / "tests" / "probes" / "fdprobe.py").read_text()
+PROBE = (REPO / "sandbox" / "probes_src" / "fdprobe.py").read_text()
 PROBE_ARGV = ["/usr/bin/python3", "-I", "-S", "-c", PROBE]
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PROBES = Path(__file__).resolve().parent / "probes"
 UNPRIV_UID = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # visible inside strict, reachable by every uid
 
@@ -75,14 +74,9 @@ def unpriv_runner() -> Runner:
     """sbx as uid 65534: a copy of the package and its one needed dependency under /tmp."""
     assert os.geteuid() == 0, "the unprivileged half of the suite needs root to switch users"
     assert shutil.which("setpriv"), "setpriv (util-linux) is needed for the unprivileged tests"
-    home = _shared_dir("sbx-unpriv-")
-    shutil.copytree(REPO / "sandbox", home / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "profiles", home / "profiles")
-    import pyseccomp
+    from sandbox.verify import stage_package_copy
 
-    shutil.copy(pyseccomp.__file__, home / "pyseccomp.py")
-    for path in home.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    home = stage_package_copy(_shared_dir("sbx-unpriv-"))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(home), "HOME": str(home),
            "LANG": "C.UTF-8"}
     yield Runner("nobody", SYSTEM_PYTHON, env, uid=UNPRIV_UID)
@@ -97,18 +91,10 @@ def runner(request, root_runner) -> Runner:
     return request.getfixturevalue("unpriv_runner")
 
 
-@pytest.fixture(scope="session")
-def probe_dir() -> Path:
-    path = _shared_dir("sbx-probes-")
-    for probe in PROBES.glob("*.py"):
-        shutil.copy(probe, path / probe.name)
-        (path / probe.name).chmod(0o644)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def probe_source(name: str) -> str:
-    return (PROBES / f"{name}.py").read_text()
+    from sandbox.probes_src import source
+
+    return source(name)
 
 
 def parse_json_line(stdout: str) -> dict:

@@ -1,0 +1,269 @@
+"""``sbx verify``: run, on this host, the checks that prove the sandbox enforces what it claims.
+
+For each spawn path (the CLI, the library's ``spawn``), each kernel tier the host resolves
+(and KernelSeccompOnly forced), and -- when invoked as root -- as root and as uid 65534:
+fd 7 is opened in the caller without close-on-exec and a probe lists its descriptors with
+fcntl(F_GETFD) up to RLIMIT_NOFILE. Every case runs its positive controls first (the probe
+outside sbx sees fd 7; a ``--preserve-fd 7`` run sees it inside); a case whose control
+fails is INCONCLUSIVE, never PASS. Also: the Landlock preserved-directory-fd check and the
+seccomp probe, each with its control. Exit 0 only when every case passed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import probes
+from .probes_src import source
+from .tiers import Tier
+
+UNPRIV_UID = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+FD7 = "exec 7</etc/hostname"
+REFUSED = {1, 13, 38}  # EPERM, EACCES, ENOSYS
+
+LIBRARY_DRIVER = """
+import json, sys
+from sandbox import Sandbox
+p = json.loads(sys.argv[1])
+sb = Sandbox(p["profile"], p["workdir"], tier=p["tier"], allow_degraded=True)
+r = sb.run(p["argv"], preserve_fds=p["preserve"], capture_output=True, text=True)
+print(json.dumps({"tier": r.tier.name, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}))
+"""
+
+
+@dataclass
+class CaseResult:
+    check: str
+    path: str
+    tier: str
+    user: str
+    result: str  # PASS, FAIL, INCONCLUSIVE
+    detail: str
+
+
+def stage_package_copy(dest: Path) -> Path:
+    """Copy sbx and its launch-time dependency where an unprivileged uid can read them."""
+    package = Path(__file__).resolve().parent
+    shutil.copytree(package, dest / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    from .profile import list_profiles
+
+    (dest / "profiles").mkdir()
+    for name, path in list_profiles().items():
+        shutil.copy(path, dest / "profiles" / f"{name}.toml")
+    import pyseccomp
+
+    shutil.copy(pyseccomp.__file__, dest / "pyseccomp.py")
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
+
+
+class User:
+    """How to run things as one user: the interpreter, the environment, the wrapper."""
+
+    def __init__(self, name: str, uid: int | None, python: str, env: dict) -> None:
+        self.name, self.uid, self.python, self.env = name, uid, python, env
+
+    def wrap(self, argv: list[str], fds: str = "") -> list[str]:
+        if fds:
+            argv = ["/bin/sh", "-c", f'{fds}; exec "$@"', "sh", *argv]
+        if self.uid is None:
+            return argv
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *argv]
+
+    def run(self, argv: list[str], fds: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(self.wrap(argv, fds), capture_output=True, text=True, env=self.env, timeout=120)
+
+    def workdir(self, scratch: Path) -> str:
+        path = Path(tempfile.mkdtemp(prefix=f"work-{self.name}-", dir=scratch))
+        path.chmod(0o755)
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+        return str(path)
+
+
+def _json_line(text: str) -> dict | None:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _tier_from_verbose(stderr: str) -> str:
+    for line in stderr.splitlines():
+        if line.startswith("sbx: tier "):
+            return line.split()[2]
+    return "unknown"
+
+
+def _sandboxed(user: User, path: str, tier: Tier, workdir: str, argv: list[str], preserve: list[int],
+               fds: str) -> tuple[str, subprocess.CompletedProcess, dict | None]:
+    """Run ``argv`` through one spawn path; (tier it reported, process, the probe's JSON)."""
+    if path == "cli":
+        flags = ["--verbose", "--tier", tier.name, "--allow-degraded", "--workdir", workdir]
+        for fd in preserve:
+            flags += ["--preserve-fd", str(fd)]
+        out = user.run([user.python, "-m", "sandbox", "run", *flags, "--", *argv], fds)
+        return _tier_from_verbose(out.stderr), out, _json_line(out.stdout)
+    params = {"profile": "strict", "workdir": workdir, "tier": tier.name, "argv": argv, "preserve": preserve}
+    out = user.run([user.python, "-c", LIBRARY_DRIVER, json.dumps(params)], fds)
+    driver = _json_line(out.stdout) or {}
+    inner = subprocess.CompletedProcess(argv, driver.get("returncode", out.returncode),
+                                        driver.get("stdout", ""), driver.get("stderr", out.stderr))
+    return driver.get("tier", "unknown"), inner, _json_line(inner.stdout or "")
+
+
+def fd_hygiene_case(user: User, path: str, tier: Tier, scratch: Path) -> CaseResult:
+    probe = ["python3", "-I", "-S", "-c", source("fdprobe")]
+    result = CaseResult("fd hygiene: fd 7 not visible", path, tier.name, user.name, "INCONCLUSIVE", "")
+    outside = _json_line(user.run([SYSTEM_PYTHON, "-I", "-S", "-c", source("fdprobe")], FD7).stdout)
+    if not outside or 7 not in outside["fds"]:
+        result.detail = "control failed: the probe outside sbx did not see fd 7"
+        return result
+    workdir = user.workdir(scratch)
+    ran_at, _, kept = _sandboxed(user, path, tier, workdir, probe, [7], FD7)
+    if ran_at != tier.name or not kept or kept["fds"] != [0, 1, 2, 7]:
+        result.detail = f"control failed: a --preserve-fd 7 run (tier {ran_at}) saw {kept and kept['fds']}"
+        return result
+    ran_at, proc, seen = _sandboxed(user, path, tier, workdir, probe, [], FD7)
+    if ran_at != tier.name or seen is None:
+        result.result, result.detail = "FAIL", f"the run did not complete at {tier.name}: {proc.stderr.strip()[-200:]}"
+    elif seen["fds"] == [0, 1, 2]:
+        result.result = "PASS"
+        result.detail = f"outside saw {outside['fds']}; preserved saw [0, 1, 2, 7]; unpreserved saw [0, 1, 2]"
+    else:
+        result.result, result.detail = "FAIL", f"the sandboxed probe saw {seen['fds']}: {seen['first_bytes']}"
+    return result
+
+
+def landlock_case(user: User, scratch: Path) -> CaseResult:
+    result = CaseResult("Landlock: preserved directory fd cannot be read through", "cli",
+                        Tier.KernelFull.name, user.name, "INCONCLUSIVE", "")
+    secret_dir = Path(tempfile.mkdtemp(prefix="sbx-verify-", dir="/var/tmp"))
+    try:
+        secret_dir.chmod(0o755)
+        (secret_dir / "secret").write_text("verify-secret\n")
+        (secret_dir / "secret").chmod(0o644)
+        workdir = user.workdir(scratch)
+        argv = ["cat", "/proc/self/fd/8/secret"]
+        fds = f"exec 8<{secret_dir}"
+        ran_at, control, _ = _sandboxed(user, "cli", Tier.KernelSeccompOnly, workdir, argv, [8], fds)
+        if ran_at != "KernelSeccompOnly" or control.stdout != "verify-secret\n":
+            result.detail = "control failed: without Landlock the directory fd did not read through"
+            return result
+        ran_at, guarded, _ = _sandboxed(user, "cli", Tier.KernelFull, workdir, argv, [8], fds)
+        if ran_at == "KernelFull" and guarded.returncode != 0 and "verify-secret" not in guarded.stdout:
+            result.result = "PASS"
+            result.detail = "readable at KernelSeccompOnly (control); denied at KernelFull"
+        else:
+            result.result = "FAIL"
+            result.detail = f"at {ran_at} the read returned {guarded.returncode}: {guarded.stdout[:60]!r}"
+        return result
+    finally:
+        shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def seccomp_case(user: User, tier: Tier, control: dict, scratch: Path) -> CaseResult:
+    result = CaseResult("seccomp: denied calls refused, required calls reach the kernel", "cli", tier.name,
+                        user.name, "INCONCLUSIVE", "")
+    ran_at, proc, inside = _sandboxed(user, "cli", tier, user.workdir(scratch),
+                                      ["python3", "-I", "-S", "-c", source("syscalls")], [], "")
+    if ran_at != tier.name or inside is None:
+        result.result, result.detail = "FAIL", f"the probe did not run at {tier.name}: {proc.stderr.strip()[-200:]}"
+        return result
+    not_refused = [n for n, a in inside["denied"].items() if a["result"] != -1 or a["errno"] not in REFUSED]
+    blocked = [n for n, a in inside["required"].items() if a != control["required"][n]]
+    same_as_kernel = [n for n, a in inside["denied"].items() if a == control["denied"][n]]
+    if not_refused or blocked:
+        result.result = "FAIL"
+        result.detail = f"not refused: {not_refused}; required calls blocked: {blocked}"
+    elif len(same_as_kernel) == len(inside["denied"]):
+        result.detail = "control failed: outside the sandbox the kernel answered every call the same way"
+    else:
+        result.result = "PASS"
+        result.detail = (f"{len(inside['denied'])} calls refused; fcntl, getrlimit, prlimit64, pread64 reached "
+                         "the kernel" + (f"; the kernel itself refuses {same_as_kernel} to the control's user"
+                                         if same_as_kernel else ""))
+    return result
+
+
+def run_verification() -> dict:
+    caps = probes.host_capabilities(refresh=True)
+    host_tier = probes.resolve_tier(caps)
+    tiers = [t for t in (Tier.KernelFull, Tier.KernelSeccompOnly) if t <= host_tier]
+    scratch = Path(tempfile.mkdtemp(prefix="sbx-verify-"))
+    scratch.chmod(0o755)
+    cases: list[CaseResult] = []
+    try:
+        me = User("root" if os.geteuid() == 0 else f"uid {os.geteuid()}", None, sys.executable,
+                  {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        users = [me]
+        if os.geteuid() == 0:
+            staged = stage_package_copy(Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch)))
+            users.append(User("nobody", UNPRIV_UID, SYSTEM_PYTHON,
+                              {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(staged),
+                               "HOME": str(staged), "LANG": "C.UTF-8"}))
+        control = _json_line(me.run([SYSTEM_PYTHON, "-I", "-S", "-c", source("syscalls")]).stdout) or {}
+        for user in users:
+            for path in ("cli", "library"):
+                for tier in tiers:
+                    cases.append(fd_hygiene_case(user, path, tier, scratch))
+            if Tier.KernelFull in tiers:
+                cases.append(landlock_case(user, scratch))
+            for tier in tiers:
+                cases.append(seccomp_case(user, tier, control, scratch) if control else
+                             CaseResult("seccomp", "cli", tier.name, user.name, "INCONCLUSIVE",
+                                        "control failed: the probe did not run outside the sandbox"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    facts = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+             "kernel": platform.release(), "machine": platform.machine(),
+             "bwrap": f"{caps.bwrap_path} {caps.bwrap_version}", "landlock_abi": caps.landlock_abi,
+             "tier": host_tier.name, "uid": os.geteuid()}
+    if not tiers:
+        cases.append(CaseResult("kernel tiers", "-", host_tier.name, "-", "INCONCLUSIVE",
+                                "this host resolves no kernel tier: nothing kernel-enforced to verify"))
+    return {"host": facts, "cases": [asdict(c) for c in cases],
+            "passed": bool(cases) and all(c.result == "PASS" for c in cases)}
+
+
+def render_table(report: dict) -> str:
+    lines = ["host: " + ", ".join(f"{k}={v}" for k, v in report["host"].items()), ""]
+    for case in report["cases"]:
+        lines.append(f"{case['result']:<12} {case['check']} [{case['path']}, {case['tier']}, {case['user']}]")
+        lines.append(f"{'':<12}   {case['detail']}")
+    lines.append("")
+    lines.append("verdict: " + ("every case passed" if report["passed"] else "NOT every case passed"))
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict) -> str:
+    out = ["# sbx verification record", "", "| host fact | value |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in report["host"].items()]
+    out += ["", "| result | check | spawn path | tier | user | detail |", "|---|---|---|---|---|---|"]
+    for c in report["cases"]:
+        detail = c["detail"].replace("|", "\\|")
+        out.append(f"| {c['result']} | {c['check']} | {c['path']} | {c['tier']} | {c['user']} | {detail} |")
+    out += ["", "Verdict: " + ("**every case passed**." if report["passed"] else "**not every case passed**."), ""]
+    return "\n".join(out)
+
+
+def cmd_verify(args) -> int:
+    report = run_verification()
+    print(json.dumps(report, indent=2) if args.json else render_table(report))
+    if args.output:
+        Path(args.output).write_text(render_markdown(report), encoding="utf-8")
+    return 0 if report["passed"] else 1
