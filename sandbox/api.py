@@ -7,11 +7,9 @@ plans and launches. It holds no per-call state, so one instance serves many thre
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from . import hostview, probes
 from .errors import HostError, SandboxError, UsageError
@@ -21,13 +19,11 @@ from .profile import Profile, load_profile
 from .seccomp_policy import compiled_bpf, spec_from_profile
 from .tiers import Tier
 
-log = logging.getLogger("sbx")
-
 
 class SandboxResult(subprocess.CompletedProcess):
     """A ``CompletedProcess`` that also says which tier the command ran at."""
 
-    def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None,
+    def __init__(self, args: object, returncode: int, stdout: object = None, stderr: object = None,
                  tier: Tier | None = None, sandbox_error: SandboxError | None = None) -> None:
         super().__init__(args, returncode, stdout, stderr)
         self.tier = tier
@@ -88,7 +84,7 @@ class Sandbox:
 
     def spawn(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
               env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-              **popen_kwargs: Any) -> SandboxProcess:
+              **popen_kwargs: object) -> SandboxProcess:
         """Start ``argv`` in the sandbox and return a ``subprocess.Popen`` for it.
 
         ``env`` adds variables to the profile's environment. stdin/stdout/stderr, text,
@@ -101,7 +97,9 @@ class Sandbox:
                                  "the sandbox decides that; use preserve_fds/workdir/env instead")
         plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
         if self.degraded_warning:
-            log.warning("sbx: warning: %s", self.degraded_warning)
+            import logging
+
+            logging.getLogger("sbx").warning("sbx: warning: %s", self.degraded_warning)
         try:
             return launch(plan, self.capabilities.bwrap_path, self._bpf, **popen_kwargs)
         finally:
@@ -117,10 +115,10 @@ class Sandbox:
         exe = open_verified(argv[0], exe_sha256, probe_env.get("PATH", ""), self.workdir)
         return self.plan(argv, preserve_fds, env, exe_fd=exe.fd, exe_path=exe.path), exe
 
-    def run(self, argv: Sequence[str], *, input: Any = None, capture_output: bool = False,
+    def run(self, argv: Sequence[str], *, input: object = None, capture_output: bool = False,
             timeout: float | None = None, check: bool = False, preserve_fds: Sequence[int] = (),
             env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-            **popen_kwargs: Any) -> SandboxResult:
+            **popen_kwargs: object) -> SandboxResult:
         """Run ``argv`` to completion, like ``subprocess.run``.
 
         On timeout the whole sandbox is killed and ``subprocess.TimeoutExpired`` is raised.
@@ -153,8 +151,8 @@ class Sandbox:
 
     async def spawn_async(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
                           env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-                          stdin: Any = None, stdout: Any = None, stderr: Any = None,
-                          limit: int = 2 ** 16) -> Any:
+                          stdin: object = None, stdout: object = None, stderr: object = None,
+                          limit: int = 2 ** 16) -> object:
         """Like ``spawn``, returning an ``asyncio.subprocess.Process`` (see ``aio.py``)."""
         from .aio import spawn_async
 

@@ -9,27 +9,38 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 CACHE_DIR_ENV = "SBX_CACHE_DIR"
-_checked: dict[str, Path | None] = {}
+_checked: dict[str, str | None] = {}
 
 
-def _candidates() -> list[Path]:
+def digest(text: str) -> str:
+    """A SHA-256 hex prefix for cache file names, without importing hashlib (OpenSSL)."""
+    try:
+        from _sha256 import sha256  # Python 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # Python 3.12+
+        except ImportError:
+            from hashlib import sha256
+    return sha256(text.encode()).hexdigest()[:32]
+
+
+def _candidates() -> list[str]:
     if os.environ.get(CACHE_DIR_ENV):
-        return [Path(os.environ[CACHE_DIR_ENV])]
+        return [os.environ[CACHE_DIR_ENV]]
     found = []
     xdg = os.environ.get("XDG_CACHE_HOME")
     home = os.environ.get("HOME")
     if xdg:
-        found.append(Path(xdg) / "sbx")
+        found.append(os.path.join(xdg, "sbx"))
     elif home:
-        found.append(Path(home) / ".cache" / "sbx")
-    found.append(Path("/tmp") / f"sbx-cache-{os.geteuid()}")
+        found.append(os.path.join(home, ".cache", "sbx"))
+    found.append(f"/tmp/sbx-cache-{os.geteuid()}")
     return found
 
 
-def _safe_dir(path: Path) -> bool:
+def _safe_dir(path: str) -> bool:
     try:
         info = os.lstat(path)
     except OSError:
@@ -38,14 +49,14 @@ def _safe_dir(path: Path) -> bool:
             and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def cache_dir() -> Path | None:
+def cache_dir() -> str | None:
     key = os.environ.get(CACHE_DIR_ENV, "") + "|" + os.environ.get("XDG_CACHE_HOME", "") + "|" + os.environ.get("HOME", "")
     if key in _checked:
         return _checked[key]
     chosen = None
     for path in _candidates():
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
@@ -63,7 +74,7 @@ def read(name: str) -> bytes | None:
     if directory is None:
         return None
     try:
-        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -82,7 +93,7 @@ def write(name: str, data: bytes) -> None:
     directory = cache_dir()
     if directory is None:
         return
-    tmp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
@@ -90,7 +101,7 @@ def write(name: str, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        os.replace(tmp, directory / name)
+        os.replace(tmp, os.path.join(directory, name))
     except OSError:
         try:
             os.unlink(tmp)

@@ -2,88 +2,162 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .errors import EXIT_SBX_ERROR, SandboxError, UsageError
+from .errors import SandboxError, UsageError
 
 EXIT_TIMEOUT = 124
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would exit 2 with its own format
-        raise UsageError(message, f"see '{self.prog} --help'")
+# A small table-driven parser instead of argparse: importing argparse and building its
+# parser cost about ten milliseconds, and every tool call starts this front end.
 
 
 def _fd_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a descriptor number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a descriptor number")
-    return value
+    if not text.isdigit():
+        raise UsageError(f"--preserve-fd {text!r} is not a descriptor number", "pass a number such as 7")
+    return int(text)
 
 
 def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise UsageError(f"--timeout {text!r} is not a number of seconds", "pass e.g. --timeout 30") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError("the timeout must be more than 0 seconds")
+        raise UsageError(f"--timeout {text!r}: the timeout must be more than 0 seconds", "pass e.g. --timeout 30")
     return value
 
 
 def _setenv(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+        raise UsageError(f"--setenv {text!r} is not NAME=VALUE", "pass e.g. --setenv LANG=C.UTF-8")
     return name, value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sbx", description="Run untrusted commands in a bubblewrap sandbox "
-                     "with Landlock, seccomp and fd hygiene.")
-    parser.add_argument("--version", action="store_true", help="print sbx's version and exit")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+class Option:
+    """One flag: ``kind`` is "flag", "value" or "append"; ``convert`` checks a value."""
 
-    run = sub.add_parser("run", help="run a command in the sandbox",
-                         usage="sbx run [options] -- COMMAND [ARG ...]")
-    run.add_argument("--profile", default="strict", help="profile name or path to a .toml file (default: strict)")
-    run.add_argument("--workdir", help="read-write working directory (default: the current directory)")
-    run.add_argument("--ro-bind", action="append", default=[], metavar="PATH", help="also show PATH read-only")
-    run.add_argument("--bind", action="append", default=[], metavar="PATH", help="also show PATH read-write")
-    run.add_argument("--share-net", action="store_true", help="keep the host network")
-    run.add_argument("--setenv", action="append", default=[], type=_setenv, metavar="NAME=VALUE",
-                     help="set a variable inside")
-    run.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="kill the whole sandbox after this long (exit 124)")
-    run.add_argument("--tier", help="force a lower tier: KernelFull, KernelSeccompOnly or EnvironmentOnly")
-    run.add_argument("--allow-degraded", action="store_true", help="run below the profile's floor tier (with a warning)")
-    run.add_argument("--preserve-fd", action="append", default=[], type=_fd_number, metavar="N",
-                     help="pass descriptor N through with the same number")
-    run.add_argument("--exe-sha256", metavar="HEX", help="run COMMAND only if its bytes have this SHA-256, through the checked descriptor")
-    run.add_argument("--dry-run", action="store_true", help="print the launch plan and exit 0")
-    run.add_argument("--verbose", action="store_true", help="say which tier and layers the run used")
-    run.add_argument("argv", nargs=argparse.REMAINDER, help="the command, after --")
+    def __init__(self, name: str, kind: str, help: str, metavar: str = "", default: object = None,
+                 convert: Callable[[str], object] = str) -> None:
+        self.name, self.kind, self.help, self.metavar, self.convert = name, kind, help, metavar, convert
+        self.dest = name.lstrip("-").replace("-", "_")
+        self.default = [] if kind == "append" else (False if kind == "flag" else default)
 
-    doctor = sub.add_parser("doctor", help="probe the host and resolve the tier")
-    doctor.add_argument("--json", action="store_true", help="print one JSON object")
-    doctor.add_argument("--profile", default="strict", help="show this profile's layers at the resolved tier")
 
-    profiles = sub.add_parser("profiles", help="list profiles, or show one resolved")
-    profiles.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    profiles.add_argument("name", nargs="?")
+COMMANDS: dict[str, tuple[str, str, list[Option]]] = {
+    "run": ("run a command in the sandbox", "sbx run [options] -- COMMAND [ARG ...]", [
+        Option("--profile", "value", "profile name or path to a .toml file (default: strict)", "NAME", "strict"),
+        Option("--workdir", "value", "read-write working directory (default: the current directory)", "DIR"),
+        Option("--ro-bind", "append", "also show PATH read-only (repeatable)", "PATH"),
+        Option("--bind", "append", "also show PATH read-write (repeatable)", "PATH"),
+        Option("--share-net", "flag", "keep the host network"),
+        Option("--setenv", "append", "set a variable inside (repeatable)", "NAME=VALUE", convert=_setenv),
+        Option("--timeout", "value", "kill the whole sandbox after this long (exit 124)", "SECONDS", convert=_seconds),
+        Option("--tier", "value", "force a lower tier: KernelFull, KernelSeccompOnly or EnvironmentOnly", "NAME"),
+        Option("--allow-degraded", "flag", "run below the profile's floor tier (with a warning)"),
+        Option("--preserve-fd", "append", "pass descriptor N through with the same number (repeatable)", "N",
+               convert=_fd_number),
+        Option("--exe-sha256", "value", "run COMMAND only if its bytes have this SHA-256, from the checked copy",
+               "HEX"),
+        Option("--dry-run", "flag", "print the launch plan and exit 0"),
+        Option("--verbose", "flag", "say which tier and layers the run used"),
+    ]),
+    "doctor": ("probe the host and resolve the tier", "sbx doctor [--json] [--profile NAME]", [
+        Option("--json", "flag", "print one JSON object"),
+        Option("--profile", "value", "show this profile's layers at the resolved tier", "NAME", "strict"),
+    ]),
+    "profiles": ("list profiles, or show one resolved", "sbx profiles [list | show NAME|PATH]", []),
+    "verify": ("prove on this host that the sandbox enforces what it claims",
+               "sbx verify [--json] [--output FILE]", [
+        Option("--json", "flag", "print one JSON object"),
+        Option("--output", "value", "also write a Markdown record to FILE", "FILE"),
+    ]),
+}
 
-    verify = sub.add_parser("verify", help="prove on this host that the sandbox enforces what it claims")
-    verify.add_argument("--json", action="store_true", help="print one JSON object")
-    verify.add_argument("--output", metavar="FILE", help="also write a Markdown record to FILE")
-    return parser
+
+class Arguments:
+    """The parsed command line: ``command``, one attribute per option, ``positionals``."""
+
+    def __init__(self, command: str, options: list[Option]) -> None:
+        self.command = command
+        self.positionals: list[str] = []
+        for option in options:
+            setattr(self, option.dest, list(option.default) if option.kind == "append" else option.default)
+
+
+def usage() -> str:
+    lines = ["usage: sbx COMMAND [options]", "",
+             "Run untrusted commands in a bubblewrap sandbox with Landlock, seccomp and fd hygiene.", "",
+             "commands:"]
+    lines += [f"  {name:<9} {summary}" for name, (summary, _, _) in COMMANDS.items()]
+    lines += ["", "  sbx --version", "  sbx COMMAND --help"]
+    return "\n".join(lines)
+
+
+def command_help(name: str) -> str:
+    summary, synopsis, options = COMMANDS[name]
+    lines = [f"usage: {synopsis}", "", summary, ""]
+    if options:
+        lines.append("options:")
+        for option in options:
+            flag = f"{option.name} {option.metavar}".strip()
+            lines.append(f"  {flag:<24} {option.help}")
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str]) -> Arguments | None:
+    """Parse sbx's command line; None means help or the version was printed."""
+    if not argv:
+        raise UsageError("no command given", "'sbx --help' lists the commands")
+    if argv[0] in ("-h", "--help"):
+        print(usage())
+        return None
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"sbx {__version__}")
+        return None
+    command = argv[0]
+    if command not in COMMANDS:
+        raise UsageError(f"unknown command {command!r}", "use one of: " + ", ".join(COMMANDS))
+    options = {o.name: o for o in COMMANDS[command][2]}
+    args = Arguments(command, list(options.values()))
+    rest = list(argv[1:])
+    while rest:
+        token = rest.pop(0)
+        if command == "run" and (token == "--" or not token.startswith("-")):
+            args.positionals = rest if token == "--" else [token, *rest]
+            break
+        if token in ("-h", "--help"):
+            print(command_help(command))
+            return None
+        if not token.startswith("-") or token == "--":
+            args.positionals.append(token)
+            continue
+        name, has_value, value = token.partition("=")
+        option = options.get(name)
+        if option is None:
+            raise UsageError(f"unrecognized option {name!r} for 'sbx {command}'", f"see 'sbx {command} --help'")
+        if option.kind == "flag":
+            if has_value:
+                raise UsageError(f"{name} takes no value", f"see 'sbx {command} --help'")
+            setattr(args, option.dest, True)
+            continue
+        if not has_value:
+            if not rest:
+                raise UsageError(f"{name} needs a value ({option.metavar})", f"see 'sbx {command} --help'")
+            value = rest.pop(0)
+        converted = option.convert(value)
+        if option.kind == "append":
+            getattr(args, option.dest).append(converted)
+        else:
+            setattr(args, option.dest, converted)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,13 +170,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
 
 
-def _main(argv: list[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.version:
-        from . import __version__
+def entry() -> None:
+    """The console script: run, flush, and leave without interpreter teardown (it costs
+    milliseconds and there is nothing left to clean up: the sandbox has been waited for)."""
+    status = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)
 
-        print(f"sbx {__version__}")
+
+def _main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args is None:
         return 0
     if args.command == "run":
         return cmd_run(args)
@@ -114,14 +195,13 @@ def _main(argv: list[str]) -> int:
         from .verify import cmd_verify
 
         return cmd_verify(args)
-    parser.print_help(sys.stderr)
-    return EXIT_SBX_ERROR
+    raise UsageError(f"unknown command {args.command!r}", "see 'sbx --help'")
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: Arguments) -> int:
     from .api import Sandbox
 
-    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    command = args.positionals
     if not command:
         raise UsageError("no command given", "put the command after '--': sbx run --profile strict -- ls")
     if args.workdir is not None and not os.path.isdir(args.workdir):
@@ -164,7 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def cmd_doctor(args: Arguments) -> int:
     from . import probes
     from .hostview import observe
     from .plan import Request, build_plan, paths_to_observe
@@ -183,8 +263,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except SandboxError as exc:
         layers = [f"(cannot plan profile {profile.name} here: {exc})"]
     if args.json:
+        import json
+
         print(json.dumps({"tier": tier.name, "landlock_abi": caps.landlock_abi,
-                          "checks": [c.__dict__ for c in caps.checks],
+                          "checks": [c._asdict() for c in caps.checks],
                           "bwrap": {"path": caps.bwrap_path, "version": caps.bwrap_version,
                                     "features": sorted(caps.bwrap_features)},
                           "profile": profile.name, "layers": layers}, indent=2))
@@ -201,13 +283,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_profiles(args: argparse.Namespace) -> int:
+def cmd_profiles(args: Arguments) -> int:
     from .profile import list_profiles, load_profile
 
-    if args.action == "show":
-        if not args.name:
+    action, *names = args.positionals or ["list"]
+    if action not in ("list", "show") or (action == "list" and names) or len(names) > 1:
+        raise UsageError(f"'sbx profiles {' '.join(args.positionals)}' is not understood",
+                         "use 'sbx profiles' or 'sbx profiles show NAME'")
+    if action == "show":
+        if not names:
             raise UsageError("'sbx profiles show' needs a profile name or path", "sbx profiles show strict")
-        print(load_profile(args.name).to_toml(), end="")
+        print(load_profile(names[0]).to_toml(), end="")
         return 0
     for name, path in list_profiles().items():
         profile = load_profile(str(path))
@@ -216,4 +302,4 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

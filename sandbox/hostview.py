@@ -9,26 +9,23 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEFAULT_STAGE2_PYTHONS = ("/usr/bin/python3",)
 
 
-@dataclass(frozen=True)
-class HostPath:
-    kind: str  # "dir", "file", "symlink", "missing", "other"
-    target: str = ""  # for symlinks: the link text
-    real: str = ""  # os.path.realpath
-    is_dir: bool = False  # after following links
+class HostPath(namedtuple("HostPath", "kind target real is_dir", defaults=("", "", False))):
+    """kind: dir, file, symlink, missing or other; target: a link's text; real: realpath;
+    is_dir: after following links."""
+
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class HostView:
-    paths: dict[str, HostPath] = field(default_factory=dict)
-    python_candidates: tuple[str, ...] = ()
-    uid: int = 0
-    gid: int = 0
+class HostView(namedtuple("HostView", "paths python_candidates uid gid", defaults=((), 0, 0))):
+    """The host facts planning needs: every path it asks about, interpreters for stage 2, ids."""
+
+    __slots__ = ()
 
     def kind(self, path: str) -> str:
         return self.paths[path].kind if path in self.paths else "missing"

@@ -19,21 +19,56 @@ import marshal
 import os
 import signal
 import subprocess
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import stage2
 from .errors import EXIT_SBX_ERROR, PreservedFdError, SandboxError, SetupError
 from .plan import LaunchPlan
 
 _STAGE2_SOURCE: str | None = None
+_STAGE2_CODE: dict[str, bytes | None] = {}
+# Stage 2 arrives precompiled: -c runs this loader, which executes the code object in the
+# memfd named by the last argument. Compiling stage 2's source on every call would cost
+# more than a millisecond of every tool call's start-up.
+STAGE2_LOADER = "import marshal,os,sys;exec(marshal.loads(os.pread(int(sys.argv[-1]),1<<22,0)))"
+_COMPILER = ("import marshal,sys;sys.stdout.buffer.write(marshal.dumps("
+             "compile(sys.stdin.read(),'sbx-stage2','exec')))")
 
 
 def stage2_source() -> str:
     global _STAGE2_SOURCE
     if _STAGE2_SOURCE is None:
-        _STAGE2_SOURCE = Path(stage2.__file__).read_text(encoding="utf-8")
+        with open(stage2.__file__, encoding="utf-8") as f:
+            _STAGE2_SOURCE = f.read()
     return _STAGE2_SOURCE
+
+
+def stage2_code(python: str) -> bytes | None:
+    """Stage 2 compiled by ``python`` itself (marshal is version-specific), cached per user
+    by interpreter and source; None when it cannot be had, and the source is sent instead."""
+    if python in _STAGE2_CODE:
+        return _STAGE2_CODE[python]
+    from . import cache
+
+    source = stage2_source()
+    try:
+        info = os.stat(python)
+        key = cache.digest(f"{os.path.realpath(python)}|{info.st_size}|{info.st_mtime_ns}|{source}")
+    except OSError:
+        _STAGE2_CODE[python] = None
+        return None
+    name = f"stage2-{key}.marshal"
+    code = cache.read(name)
+    if not code:
+        try:
+            out = subprocess.run([python, "-I", "-S", "-c", _COMPILER], input=source.encode(),
+                                 capture_output=True, timeout=30)
+            code = out.stdout if out.returncode == 0 and out.stdout else None
+        except (OSError, subprocess.TimeoutExpired):
+            code = None
+        if code:
+            cache.write(name, code)
+    _STAGE2_CODE[python] = code
+    return code
 
 
 class CommandNotFound(SandboxError):
@@ -58,13 +93,13 @@ def _memfd_with(name: str, data: bytes) -> int:
     return fd
 
 
-@dataclass
 class PreparedLaunch:
-    argv: list[str]
-    pass_fds: tuple[int, ...]
-    cwd: str | None
-    status_read: int
-    owned_fds: list[int] = field(default_factory=list)  # ours to close once the child has them
+    """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
+
+    def __init__(self, argv: list[str], pass_fds: tuple[int, ...], cwd: str | None, status_read: int,
+                 owned_fds: list[int]) -> None:
+        self.argv, self.pass_fds, self.cwd = argv, pass_fds, cwd
+        self.status_read, self.owned_fds = status_read, owned_fds
 
     def close_parent_copies(self) -> None:
         for fd in self.owned_fds:
@@ -97,7 +132,13 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         config_fd = _memfd_with("sbx-config", marshal.dumps(config, 2))
         owned.append(config_fd)
         keep = ",".join(str(fd) for fd in plan.preserved_fds)
-        stage2_argv = [plan.stage2_python, "-I", "-S", "-c", stage2_source(), str(config_fd), keep]
+        code = stage2_code(plan.stage2_python)
+        if code:
+            code_fd = _memfd_with("sbx-stage2", code)
+            owned.append(code_fd)
+            stage2_argv = [plan.stage2_python, "-I", "-S", "-c", STAGE2_LOADER, str(config_fd), keep, str(code_fd)]
+        else:
+            stage2_argv = [plan.stage2_python, "-I", "-S", "-c", stage2_source(), str(config_fd), keep]
         if plan.bwrap_args is None:
             argv, cwd = stage2_argv, plan.workdir
         else:

@@ -7,16 +7,15 @@ as ``Capabilities``. Every bwrap bind and every Landlock grant comes from the sa
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import shlex
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 from . import landlock_rights as ll
 from .errors import BindError, HostError, UsageError, WorkdirError
 from .hostview import MERGED_USR_LINKS, HostView
 from .profile import Profile
-from .seccomp_policy import SeccompSpec, spec_from_profile
+from .seccomp_policy import spec_from_profile
 from .tiers import Tier
 
 RLIM_INFINITY = -1
@@ -27,51 +26,32 @@ DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 FORBIDDEN_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/usr", "/etc", "/boot")
 
 
-@dataclass(frozen=True)
-class Request:
-    """What one call asks for, on top of the profile."""
+# Records are namedtuples, not dataclasses: every tool call imports this module, and
+# dataclasses (with the inspect module it pulls in) costs milliseconds at start-up.
 
-    argv: tuple[str, ...]
-    workdir: str
-    preserve_fds: tuple[int, ...] = ()
-    ro_binds: tuple[str, ...] = ()
-    binds: tuple[str, ...] = ()
-    share_net: bool = False
-    setenv: tuple[tuple[str, str], ...] = ()
-    host_env: tuple[tuple[str, str], ...] = ()
-    exe_path: str | None = None  # a verified executable, run through its descriptor
-    exe_fd: int | None = None
+class Request(namedtuple("Request", "argv workdir preserve_fds ro_binds binds share_net setenv host_env "
+                         "exe_path exe_fd", defaults=((), (), (), False, (), (), None, None))):
+    """What one call asks for, on top of the profile. ``exe_fd`` is a verified executable."""
+
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Mount:
-    """One entry of the filesystem view: a bwrap operation and its Landlock grant."""
+class Mount(namedtuple("Mount", "op path source grant optional", defaults=("", None, False))):
+    """One entry of the filesystem view: a bwrap operation and its Landlock grant.
 
-    op: str  # "ro-bind", "bind", "symlink", "tmpfs", "dev", "proc", "hide-file", "hide-dir"
-    path: str  # where it appears inside
-    source: str = ""  # host source (binds) or link target (symlinks)
-    grant: str | None = None  # a landlock_rights.GRANT_NAMES kind, or None
-    optional: bool = False
+    op: ro-bind, bind, symlink, tmpfs, dev, proc, hide-file or hide-dir; path: where it
+    appears inside; source: the host source or link target; grant: a GRANT_NAMES kind.
+    """
+
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    tier: Tier
-    profile_name: str
-    argv: tuple[str, ...]
-    workdir: str
-    mounts: tuple[Mount, ...]
-    bwrap_args: tuple[str, ...] | None  # None: EnvironmentOnly, no bwrap
-    stage2_python: str
-    preserved_fds: tuple[int, ...]
-    env: dict[str, str] = field(repr=False)
-    search_path: str = DEFAULT_SEARCH_PATH
-    rlimits: tuple[tuple[str, int, int], ...] = ()
-    landlock: dict | None = None
-    seccomp: SeccompSpec | None = None
-    share_net: bool = False
-    exe_fd: int | None = None
-    exe_path: str | None = None
+class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_python "
+                            "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path",
+                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None))):
+    """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap)."""
+
+    __slots__ = ()
 
     def stage2_config(self) -> dict:
         """The part of stage 2's configuration known before launch (fds are added then)."""
@@ -299,7 +279,7 @@ def _environment(profile: Profile, request: Request) -> dict[str, str]:
     table = profile.table("environment")
     env: dict[str, str] = {}
     for name, value in request.host_env:
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in table["keep"]):
+        if any(glob_match(name, pattern) for pattern in table["keep"]):
             env[name] = value
     env.update(table["set"])
     for name, value in request.setenv:
@@ -307,6 +287,24 @@ def _environment(profile: Profile, request: Request) -> dict[str, str]:
             raise UsageError(f"--setenv {name}={value}: invalid variable name", "use --setenv NAME=VALUE")
         env[name] = value
     return env
+
+
+def glob_match(name: str, pattern: str) -> bool:
+    """``*`` matches any run of characters; nothing else is special (no fnmatch: it imports re)."""
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return name == pattern
+    if not name.startswith(parts[0]) or len(name) < len(parts[0]) + len(parts[-1]):
+        return False
+    position, end = len(parts[0]), len(name) - len(parts[-1])
+    if not name.endswith(parts[-1]):
+        return False
+    for middle in parts[1:-1]:
+        found = name.find(middle, position, end)
+        if found < 0:
+            return False
+        position = found + len(middle)
+    return True
 
 
 def _rlimits(profile: Profile) -> tuple[tuple[str, int, int], ...]:

@@ -9,12 +9,11 @@ every tool call does not pay for a bwrap smoke run; ``sbx doctor`` always probes
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
-import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from collections import namedtuple
 
 from . import cache
 from .errors import TierBelowFloorError, TierError
@@ -41,36 +40,30 @@ APPARMOR_REMEDY = (
 )
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    remedy: str = ""
+class Check(namedtuple("Check", "name ok detail remedy", defaults=("",))):
+    """One named probe result, with what fixes it when it failed."""
+
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    bwrap_path: str | None = None
-    bwrap_version: str = ""
-    bwrap_usable: bool = False
-    bwrap_features: frozenset[str] = frozenset()
-    landlock_abi: int = 0
-    seccomp: bool = False
-    no_new_privs: bool = False
-    close_range_cloexec: bool = False
-    checks: tuple[Check, ...] = field(default=(), compare=False)
+class Capabilities(namedtuple("Capabilities", "bwrap_path bwrap_version bwrap_usable bwrap_features "
+                              "landlock_abi seccomp no_new_privs close_range_cloexec checks",
+                              defaults=(None, "", False, frozenset(), 0, False, False, False, ()))):
+    """What the probes found; ``resolve_tier`` turns it into a tier."""
 
-    def to_json(self) -> dict:
-        data = asdict(self)
+    __slots__ = ()
+
+    def to_record(self) -> dict:
+        data = self._asdict()
         data["bwrap_features"] = sorted(self.bwrap_features)
+        data["checks"] = [tuple(c) for c in self.checks]
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> Capabilities:
+    def from_record(cls, data: dict) -> Capabilities:
         data = dict(data)
         data["bwrap_features"] = frozenset(data.get("bwrap_features", ()))
-        data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        data["checks"] = tuple(Check(*c) for c in data.get("checks", ()))
         return cls(**data)
 
 
@@ -100,6 +93,15 @@ def choose_tier(host_tier: Tier, requested: Tier | None, floor: Tier, allow_degr
                   f"({why}; --allow-degraded): layers above {tier.name} are NOT enforced")
 
 
+def which(name: str) -> str | None:
+    """shutil.which without importing shutil on the launch path."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 class HostProbes:
     """The real probes. Each returns plain values; ``probe_host`` turns them into checks."""
 
@@ -107,7 +109,7 @@ class HostProbes:
         explicit = os.environ.get(BWRAP_ENV)
         if explicit:
             return explicit if os.access(explicit, os.X_OK) else None
-        return shutil.which("bwrap")
+        return which("bwrap")
 
     def bwrap_version(self, bwrap: str) -> str:
         try:
@@ -118,7 +120,7 @@ class HostProbes:
 
     def bwrap_runs(self, bwrap: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
         """Run ``bwrap <namespaces> <extra> true``; (exit status was 0, bwrap's stderr)."""
-        true = shutil.which("true") or "/bin/true"
+        true = which("true") or "/bin/true"
         argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
                 "--proc", "/proc", *extra, "--", true]
         try:
@@ -142,7 +144,7 @@ class HostProbes:
 
         try:
             return stage2._raw_syscall("landlock_create_ruleset", None, 0,
-                                       stage2._uint(stage2.LANDLOCK_CREATE_RULESET_VERSION)), ""
+                                       stage2.LANDLOCK_CREATE_RULESET_VERSION), ""
         except OSError as exc:
             return 0, os.strerror(exc.errno or 0)
 
@@ -243,7 +245,7 @@ def _userns_failure(sysctls: dict[str, str], stderr: str) -> tuple[str, str]:
 
 
 def _cache_key(probes: HostProbes) -> str:
-    import hashlib
+    from .cache import digest
 
     parts = [str(PROBE_VERSION), str(os.geteuid()), sys.executable]
     try:
@@ -258,8 +260,8 @@ def _cache_key(probes: HostProbes) -> str:
             parts += [bwrap, str(st.st_ino), str(st.st_size), str(st.st_mtime_ns), oct(st.st_mode)]
         except OSError:
             parts.append("bwrap-unstattable")
-    parts.append(json.dumps(probes.userns_sysctls(), sort_keys=True))
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+    parts.append(repr(sorted(probes.userns_sysctls().items())))
+    return digest("|".join(parts))
 
 
 _memo: dict[str, Capabilities] = {}
@@ -269,19 +271,19 @@ def host_capabilities(refresh: bool = False, probes: HostProbes | None = None) -
     """Capabilities for the launch path: from memory, the cache, or a fresh probe."""
     probes = probes or HostProbes()
     key = _cache_key(probes)
-    name = f"host-{key}.json"
+    name = f"host-{key}.marshal"
     if not refresh:
         if key in _memo:
             return _memo[key]
         raw = cache.read(name)
         if raw:
             try:
-                caps = Capabilities.from_json(json.loads(raw))
+                caps = Capabilities.from_record(marshal.loads(raw))
                 _memo[key] = caps
                 return caps
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, EOFError):
                 pass
     caps = probe_host(probes)
-    cache.write(name, json.dumps(caps.to_json()).encode())
+    cache.write(name, marshal.dumps(caps.to_record(), 2))
     _memo[key] = caps
     return caps

@@ -8,16 +8,16 @@ another one: tables merge key by key, any other value (lists included) replaces.
 
 from __future__ import annotations
 
+import marshal
 import os
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections import namedtuple
 
 from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
+SCHEMA_VERSION = 1  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -54,7 +54,7 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
     "run": {"timeout": _TIMEOUT},
 }
 
-DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, object] = {
     "description": "",
     "tier_floor": "KernelFull",
     "namespaces": {"user": True, "pid": True, "net": True, "ipc": True, "uts": True, "cgroup": True},
@@ -68,13 +68,10 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class Profile:
-    """A validated, fully merged profile."""
+class Profile(namedtuple("Profile", "name source data")):
+    """A validated, fully merged profile: its name, the file it was read from, its tables."""
 
-    name: str
-    source: str  # the file it was read from
-    data: dict = field(repr=False)
+    __slots__ = ()
 
     @property
     def tier_floor(self) -> Tier:
@@ -101,7 +98,7 @@ class Profile:
         return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -115,20 +112,22 @@ def _toml_value(value: Any) -> str:
     raise TypeError(value)
 
 
-def profile_dirs() -> list[Path]:
+def profile_dirs() -> list[str]:
     """Where profile names are looked up, first match wins."""
-    dirs = [Path(p) for p in os.environ.get(PROFILE_PATH_ENV, "").split(":") if p]
-    dirs.append(Path(__file__).resolve().parent.parent / "profiles")  # a source checkout
-    dirs.append(Path(sys.prefix) / "share" / "sbx" / "profiles")  # an installed wheel
+    dirs = [p for p in os.environ.get(PROFILE_PATH_ENV, "").split(":") if p]
+    package = os.path.dirname(os.path.abspath(__file__))
+    dirs.append(os.path.join(os.path.dirname(package), "profiles"))  # a source checkout
+    dirs.append(os.path.join(sys.prefix, "share", "sbx", "profiles"))  # an installed wheel
     return dirs
 
 
-def list_profiles() -> dict[str, Path]:
-    found: dict[str, Path] = {}
+def list_profiles() -> dict[str, str]:
+    found: dict[str, str] = {}
     for directory in profile_dirs():
-        if directory.is_dir():
-            for path in sorted(directory.glob("*.toml")):
-                found.setdefault(path.stem, path)
+        if os.path.isdir(directory):
+            for entry in sorted(os.listdir(directory)):
+                if entry.endswith(".toml"):
+                    found.setdefault(entry[:-5], os.path.join(directory, entry))
     return found
 
 
@@ -136,18 +135,18 @@ def _looks_like_path(spec: str) -> bool:
     return "/" in spec or spec.endswith(".toml")
 
 
-def find_profile(spec: str, relative_to: Path | None = None) -> Path:
+def find_profile(spec: str, relative_to: str | None = None) -> str:
     if _looks_like_path(spec):
-        path = Path(spec)
-        if relative_to is not None and not path.is_absolute():
-            path = relative_to / path
-        if not path.is_file():
+        path = spec
+        if relative_to is not None and not os.path.isabs(path):
+            path = os.path.join(relative_to, path)
+        if not os.path.isfile(path):
             raise ProfileError(f"profile file {spec} does not exist",
                                "check the path, or name a shipped profile (see 'sbx profiles')")
         return path
     for directory in profile_dirs():
-        candidate = directory / f"{spec}.toml"
-        if candidate.is_file():
+        candidate = os.path.join(directory, f"{spec}.toml")
+        if os.path.isfile(candidate):
             return candidate
     names = ", ".join(sorted(list_profiles())) or "none found"
     raise ProfileError(f"no profile named {spec!r} (known: {names})",
@@ -160,31 +159,59 @@ def load_profile(spec: str) -> Profile:
     merged = _load_merged(path, chain=())
     data = _deep_merge(DEFAULTS, merged)
     data.pop("extends", None)
-    name = path.stem if _looks_like_path(spec) else spec
-    return Profile(name=name, source=str(path), data=data)
+    name = os.path.basename(path)[:-5] if _looks_like_path(spec) and path.endswith(".toml") else spec
+    return Profile(name=name, source=path, data=data)
 
 
-def _load_merged(path: Path, chain: tuple) -> dict:
-    resolved = path.resolve()
+def _load_merged(path: str, chain: tuple) -> dict:
+    resolved = os.path.realpath(path)
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))
         raise ProfileError(f"profile {path}: 'extends' forms a cycle: {cycle}",
                            "make the chain of 'extends' end in a profile that extends nothing")
-    raw, text = _read_toml(path)
-    _validate(raw, path, text)
+    raw = _validated_raw(path)
     parent_spec = raw.get("extends")
     if parent_spec is None:
         return raw
-    parent_path = find_profile(parent_spec, relative_to=path.parent)
+    parent_path = find_profile(parent_spec, relative_to=os.path.dirname(path))
     parent = _load_merged(parent_path, (*chain, resolved))
     return _deep_merge(parent, raw)
 
 
-def _read_toml(path: Path) -> tuple[dict, str]:
+def _validated_raw(path: str) -> dict:
+    """The file's validated tables; from the per-user cache when the file is unchanged.
+
+    Parsing TOML costs a few milliseconds and every tool call pays it, so a file that
+    validated once is cached by its path, inode, size and mtime.
+    """
+    from . import cache
+
+    try:
+        info = os.stat(path)
+        name = "profile-" + cache.digest(f"{os.path.realpath(path)}|{info.st_ino}|{info.st_size}|"
+                                         f"{info.st_mtime_ns}|{SCHEMA_VERSION}") + ".marshal"
+    except OSError:
+        name = None
+    if name:
+        stored = cache.read(name)
+        if stored:
+            try:
+                return marshal.loads(stored)
+            except (ValueError, EOFError, TypeError):
+                pass
+    raw, text = _read_toml(path)
+    _validate(raw, path, text)
+    if name:
+        cache.write(name, marshal.dumps(raw, 2))
+    return raw
+
+
+def _read_toml(path: str) -> tuple[dict, str]:
     import tomllib
 
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except OSError as exc:
         raise ProfileError(f"cannot read profile {path}: {exc.strerror}",
                            "check the file's permissions") from None
@@ -197,7 +224,7 @@ def _read_toml(path: Path) -> tuple[dict, str]:
                            "fix the syntax at that line (see https://toml.io)") from None
 
 
-def _validate(raw: dict, path: Path, text: str) -> None:
+def _validate(raw: dict, path: str, text: str) -> None:
     for key, value in raw.items():
         if key in SCHEMA:
             if not isinstance(value, dict):
@@ -208,7 +235,7 @@ def _validate(raw: dict, path: Path, text: str) -> None:
             _check(path, text, None, key, value)
 
 
-def _check(path: Path, text: str, table: str | None, key: str, value: Any) -> None:
+def _check(path: str, text: str, table: str | None, key: str, value: object) -> None:
     allowed = SCHEMA[table]
     where = f"[{table}] " if table else ""
     if key not in allowed:
@@ -220,7 +247,7 @@ def _check(path: Path, text: str, table: str | None, key: str, value: Any) -> No
         _fail(path, text, table, key, f"{where}{key} = {value!r} is invalid: expected {description}")
 
 
-def _fail(path: Path, text: str, table: str | None, key: str, message: str) -> None:
+def _fail(path: str, text: str, table: str | None, key: str, message: str) -> None:
     line = find_key_line(text, table, key)
     at = f"{path}:{line}" if line else str(path)
     raise ProfileError(f"profile {at}: {message}", "fix that line; the README lists every profile key")

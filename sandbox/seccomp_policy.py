@@ -9,10 +9,8 @@ programs are cached by spec content, architecture and libseccomp version.
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 
 from . import cache
 from .errors import ProfileError, SetupError
@@ -94,20 +92,18 @@ landlock_create_ruleset landlock_add_rule landlock_restrict_self
 REQUIRED_CALLS: tuple[str, ...] = ("fcntl", "getrlimit", "prlimit64", "pread64")
 
 
-@dataclass(frozen=True)
-class SeccompSpec:
-    """What the filter does, as data: the cache key and the ``--dry-run`` summary."""
+class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied only_unix_sockets")):
+    """What the filter does, as data: the cache key and the ``--dry-run`` summary.
 
-    mode: str  # "allowlist": default ENOSYS; "denylist": default allow
-    allowed: tuple[str, ...]
-    denied: tuple[str, ...]
-    only_unix_sockets: bool
+    mode "allowlist": unlisted calls get ENOSYS; "denylist": unlisted calls are allowed.
+    """
+
+    __slots__ = ()
 
     def key_material(self) -> str:
-        return json.dumps({"v": RULES_VERSION, "mode": self.mode, "allowed": self.allowed,
-                           "denied": self.denied, "unix": self.only_unix_sockets,
-                           "clone": CLONE_NAMESPACE_FLAGS, "ioctl": DENIED_IOCTLS,
-                           "enosys": ENOSYS_ALWAYS}, sort_keys=True)
+        # repr of tuples of strings, ints and sorted items is stable across runs.
+        return repr((RULES_VERSION, self.mode, self.allowed, self.denied, self.only_unix_sockets,
+                     sorted(CLONE_NAMESPACE_FLAGS.items()), sorted(DENIED_IOCTLS.items()), ENOSYS_ALWAYS))
 
     def summary(self) -> list[str]:
         lines = [
@@ -137,6 +133,28 @@ def spec_from_profile(seccomp_table: dict, share_net: bool) -> SeccompSpec:
     return SeccompSpec(mode=mode, allowed=allowed, denied=denied, only_unix_sockets=not share_net)
 
 
+LIBSECCOMP_DIRS = ("/usr/lib/{triplet}", "/lib/{triplet}", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+
+
+def libseccomp_identity() -> str:
+    """What identifies the libseccomp a BPF was compiled with, cheaply.
+
+    The installed library file's real name (it carries the full version, e.g.
+    libseccomp.so.2.5.4), size and mtime: a stat, not a dlopen, on the launch path. Where
+    the file is not in the usual places, ask the library itself.
+    """
+    triplet = TRIPLETS.get(os.uname().machine, "")
+    for directory in LIBSECCOMP_DIRS:
+        path = os.path.join(directory.format(triplet=triplet), "libseccomp.so.2")
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        return f"{os.path.realpath(path)}:{info.st_size}:{info.st_mtime_ns}"
+    return libseccomp_version()
+
+
 def libseccomp_version() -> str:
     """The version of the libseccomp the BPF would be compiled with (loaded by soname)."""
     import ctypes
@@ -155,8 +173,7 @@ def libseccomp_version() -> str:
 
 
 def cache_key(spec: SeccompSpec) -> str:
-    material = f"{spec.key_material()}|{os.uname().machine}|{libseccomp_version()}"
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+    return cache.digest(f"{spec.key_material()}|{os.uname().machine}|{libseccomp_identity()}")
 
 
 def compiled_bpf(spec: SeccompSpec) -> bytes:

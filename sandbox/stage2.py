@@ -36,9 +36,9 @@ FALLBACK_WALK_CAP = 1 << 20  # the kernel's own fs.nr_open ceiling
 
 # Syscall numbers that the libc wrappers do not cover on Debian 12's glibc 2.36.
 _SYSCALLS = {
-    "x86_64": {"close_range": 436, "seccomp": 317, "landlock_create_ruleset": 444,
+    "x86_64": {"close_range": 436, "seccomp": 317, "prctl": 157, "landlock_create_ruleset": 444,
                "landlock_add_rule": 445, "landlock_restrict_self": 446},
-    "aarch64": {"close_range": 436, "seccomp": 277, "landlock_create_ruleset": 444,
+    "aarch64": {"close_range": 436, "seccomp": 277, "prctl": 167, "landlock_create_ruleset": 444,
                 "landlock_add_rule": 445, "landlock_restrict_self": 446},
 }
 
@@ -157,9 +157,11 @@ def mark_inherited_fds_cloexec(keep, close_range_fn=None) -> str:
     return "walk"
 
 
-# --- raw syscalls (ctypes is imported lazily: the parent imports this module too) -------
+# --- raw syscalls ------------------------------------------------------------------------
+# Through _ctypes directly: the ctypes package costs about a millisecond more to import,
+# and every tool call pays stage 2's start-up. Only syscall(2) itself is bound.
 
-_libc = None
+_syscall = None
 
 
 def _syscall_table() -> dict:
@@ -170,59 +172,68 @@ def _syscall_table() -> dict:
     return table
 
 
-def _get_libc():
-    global _libc
-    if _libc is None:
-        import ctypes
+def _bind_syscall():
+    global _syscall
+    if _syscall is None:
+        import _ctypes
 
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
+        class CLong(_ctypes._SimpleCData):
+            _type_ = "l"
+
+        class SyscallFunction(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = CLong
+
+        function = SyscallFunction(_ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "syscall"))
+        _syscall = (function, CLong, _ctypes)
+    return _syscall
 
 
 def _raw_syscall(name: str, *args) -> int:
-    """syscall(2) by name; raises OSError with the kernel's errno on -1."""
-    import ctypes
-
-    libc = _get_libc()
-    result = libc.syscall(ctypes.c_long(_syscall_table()[name]), *args)
+    """syscall(2) by name. Integers travel as C longs, bytes as pointers to their data,
+    None as NULL. Raises OSError with the kernel's errno on -1."""
+    function, c_long, _ctypes = _bind_syscall()
+    converted = [c_long(a) if isinstance(a, int) else a for a in args]
+    result = function(c_long(_syscall_table()[name]), *converted)
     if result == -1:
-        err = ctypes.get_errno()
+        err = _ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return result
 
 
+def _pointer_to_copy(data: bytes):
+    """A C buffer holding ``data`` and its address (keep the buffer alive while in use)."""
+    _, _, _ctypes = _bind_syscall()
+
+    class CChar(_ctypes._SimpleCData):
+        _type_ = "c"
+
+    buffer_type = type("Buffer", (_ctypes.Array,), {"_type_": CChar, "_length_": len(data)})
+    buffer = buffer_type.from_buffer_copy(data)
+    return buffer, _ctypes.addressof(buffer)
+
+
 def _close_range(first: int, last: int, flags: int) -> None:
     # Safe here: CLOSE_RANGE_CLOEXEC only sets a flag; nothing is closed before exec.
-    import ctypes
-
-    _raw_syscall("close_range", ctypes.c_uint(first), ctypes.c_uint(last), ctypes.c_uint(flags))
+    _raw_syscall("close_range", first, last, flags)
 
 
 def set_no_new_privs() -> None:
     # Safe here: it only forbids gaining privileges at exec; required before seccomp and
     # Landlock by an unprivileged caller.
-    import ctypes
-
-    libc = _get_libc()
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0),
-                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-        err = ctypes.get_errno()
-        raise Stage2Failure("no_new_privs", f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}", err)
+    try:
+        _raw_syscall("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    except OSError as exc:
+        raise Stage2Failure("no_new_privs", f"prctl(PR_SET_NO_NEW_PRIVS) failed: {exc.strerror}",
+                            exc.errno) from None
 
 
 def landlock_abi_version() -> int:
     """The running kernel's Landlock ABI, or 0 when Landlock is unavailable."""
     try:
-        return _raw_syscall("landlock_create_ruleset", None, 0,
-                            _uint(LANDLOCK_CREATE_RULESET_VERSION))
+        return _raw_syscall("landlock_create_ruleset", None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     except OSError:
         return 0
-
-
-def _uint(value: int):
-    import ctypes
-
-    return ctypes.c_uint(value)
 
 
 def install_landlock(spec: dict) -> None:
@@ -238,7 +249,7 @@ def install_landlock(spec: dict) -> None:
     attr = (spec["fs"].to_bytes(8, order) + spec["net"].to_bytes(8, order)
             + spec["scoped"].to_bytes(8, order))
     try:
-        ruleset = _raw_syscall("landlock_create_ruleset", attr, len(attr), _uint(0))
+        ruleset = _raw_syscall("landlock_create_ruleset", attr, len(attr), 0)
     except OSError as exc:
         raise Stage2Failure("landlock", f"landlock_create_ruleset failed: {exc.strerror}", exc.errno) from None
     try:
@@ -246,7 +257,7 @@ def install_landlock(spec: dict) -> None:
         for path, access, optional in spec["rules"]:
             _add_path_rule(ruleset, path, access, optional, spec["file_rights"])
         try:
-            _raw_syscall("landlock_restrict_self", ruleset, _uint(0))
+            _raw_syscall("landlock_restrict_self", ruleset, 0)
         except OSError as exc:
             raise Stage2Failure("landlock", f"landlock_restrict_self failed: {exc.strerror}",
                                 exc.errno) from None
@@ -269,7 +280,7 @@ def _add_path_rule(ruleset: int, path: str, access: int, optional: bool, file_ri
             access &= file_rights  # the kernel refuses directory rights on a file rule
         rule = access.to_bytes(8, sys.byteorder) + parent.to_bytes(4, sys.byteorder, signed=True)
         try:
-            _raw_syscall("landlock_add_rule", ruleset, _uint(LANDLOCK_RULE_PATH_BENEATH), rule, _uint(0))
+            _raw_syscall("landlock_add_rule", ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
         except OSError as exc:
             raise Stage2Failure("landlock", f"landlock_add_rule({path}) failed: {exc.strerror}",
                                 exc.errno) from None
@@ -284,8 +295,6 @@ def install_seccomp(fd: int) -> None:
     and nothing else runs in this process after them but exec. Each program is framed by
     its length (4 bytes, little-endian); stacked filters all run and the strictest wins.
     """
-    import ctypes
-
     blob = b""
     while True:
         chunk = os.pread(fd, 65536, len(blob))
@@ -294,9 +303,6 @@ def install_seccomp(fd: int) -> None:
         blob += chunk
     os.close(fd)
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
     offset = 0
     while offset < len(blob):
         size = int.from_bytes(blob[offset:offset + 4], "little")
@@ -304,13 +310,15 @@ def install_seccomp(fd: int) -> None:
         offset += 4 + size
         if not size or size % 8 or len(program) != size:
             raise Stage2Failure("seccomp", f"the BPF handed to stage 2 is malformed ({len(blob)} bytes)")
-        buffer = ctypes.create_string_buffer(program, size)
-        prog = SockFprog(size // 8, ctypes.cast(buffer, ctypes.c_char_p))
+        buffer, address = _pointer_to_copy(program)
+        # struct sock_fprog { unsigned short len; /* 6 bytes padding */ struct sock_filter *filter; }
+        prog = (size // 8).to_bytes(2, sys.byteorder) + bytes(6) + address.to_bytes(8, sys.byteorder)
         try:
-            _raw_syscall("seccomp", _uint(SECCOMP_SET_MODE_FILTER), _uint(0), ctypes.byref(prog))
+            _raw_syscall("seccomp", SECCOMP_SET_MODE_FILTER, 0, prog)
         except OSError as exc:
             raise Stage2Failure("seccomp", f"seccomp(SET_MODE_FILTER) failed: {exc.strerror}",
                                 exc.errno) from None
+        del buffer  # the kernel has copied the program
     if not offset:
         raise Stage2Failure("seccomp", "the plan asked for seccomp but no BPF program arrived")
 
@@ -410,6 +418,7 @@ def _read_config(fd: int) -> dict:
 
 
 def main(argv) -> None:
+    # argv: [-c, CONFIG_FD, KEEP(, CODE_FD when loaded precompiled)]
     keep = [int(fd) for fd in argv[2].split(",") if fd] if len(argv) > 2 else []
     hygiene = mark_inherited_fds_cloexec(keep)
     config = _read_config(int(argv[1]))

@@ -128,3 +128,14 @@ def test_dry_run_describes_every_layer():
     for fragment in ("tier: KernelFull", "bwrap argv: bwrap --unshare-user", "grant /usr: execute, read_file",
                      "network: denied: bind_tcp, connect_tcp", "mode: allowlist", "ptrace", "RLIMIT_NOFILE=1024"):
         assert fragment in text, fragment
+
+
+@pytest.mark.parametrize("name, pattern, expected", [
+    ("LC_ALL", "LC_*", True), ("LANG", "LC_*", False), ("LANG", "LANG", True), ("LANGUAGE", "LANG", False),
+    ("XDG_DATA_DIRS", "XDG_*_DIRS", True), ("XDG_DIRS", "XDG_*_DIRS", False), ("ab", "*", True),
+    ("abcabc", "a*c*c", True), ("abc", "a*b*b", False),
+])
+def test_environment_keep_patterns(name, pattern, expected):
+    from sandbox.plan import glob_match
+
+    assert glob_match(name, pattern) is expected

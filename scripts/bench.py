@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Startup and syscall-cost benchmark: sbx against bare bwrap, measured in the same run.
+
+    python scripts/bench.py            # a table of medians, p95s and ratios to bare bwrap
+    python scripts/bench.py --json     # the same for machines
+    python scripts/bench.py --quick    # fewer rounds
+
+Rows are interleaved round by round (so drift on a busy 2-core machine hits every row
+alike); the first rounds are warm-up and discarded. Nothing here is asserted by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import logging  # noqa: E402
+
+from sandbox import Sandbox  # noqa: E402
+
+logging.getLogger("sbx").setLevel(logging.ERROR)  # row 5b runs below strict's floor on purpose
+from sandbox.launch import stage2_source  # noqa: E402
+
+DEVNULL = subprocess.DEVNULL
+DD = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=1000000", "status=none"]  # ~2M read/write calls
+FIND = ["find", "/usr/lib", "/usr/share", "-xdev"]  # opens and getdents: the Landlock path checks
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(argv: list[str], **kw) -> Callable[[], object]:
+    def go():
+        subprocess.run(argv, stdout=DEVNULL, stderr=DEVNULL, check=False, **kw)
+    return go
+
+
+def sbx_cli() -> list[str]:
+    script = Path(sys.executable).with_name("sbx")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sandbox"]
+
+
+ALLOW_ALL_BPF = (6).to_bytes(2, "little") + bytes(2) + (0x7FFF0000).to_bytes(4, "little")  # ret ALLOW
+
+
+def under_allow_all_filter(bwrap_argv: list[str], argv: list[str]) -> Callable[[], object]:
+    """bwrap with a one-instruction allow-all seccomp filter: the floor any filter pays."""
+    def go():
+        fd = os.memfd_create("allow-all")
+        os.write(fd, ALLOW_ALL_BPF)
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            subprocess.run([*bwrap_argv[:-2], "--seccomp", str(fd), "--", *argv], pass_fds=(fd,),
+                           stdout=DEVNULL, stderr=DEVNULL, check=False)
+        finally:
+            os.close(fd)
+    return go
+
+
+def quiet(sandbox: Sandbox, argv: list[str]) -> Callable[[], object]:
+    return lambda: sandbox.run(argv, stdout=DEVNULL, stderr=DEVNULL)
+
+
+def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    strict = Sandbox("strict", workdir)
+    standard = Sandbox("standard", workdir)
+    seccomp_only = Sandbox("strict", workdir, tier="KernelSeccompOnly", allow_degraded=True)
+    bwrap = strict.capabilities.bwrap_path
+    plan = strict.plan(["true"])
+    bare_bwrap = [bwrap, *plan.bwrap_args, "--", "true"]
+    stage2_noop = [bwrap, *plan.bwrap_args, "--", plan.stage2_python, "-I", "-S", "-c", "import ctypes"]
+    cli = [*sbx_cli(), "run", "--profile", "strict", "--workdir", workdir, "--", "true"]
+    rows = {
+        "1 bare true": run(["true"]),
+        "2 bare bwrap (strict's namespaces and mounts)": run(bare_bwrap),
+        "3 sbx run --profile strict -- true (cold CLI)": run(cli),
+        "4 Sandbox.run(['true']) warm, strict": quiet(strict, ["true"]),
+        "5a Sandbox.run(['true']) warm, standard": quiet(standard, ["true"]),
+        "5b Sandbox.run(['true']) warm, strict at KernelSeccompOnly": quiet(seccomp_only, ["true"]),
+        "p bwrap running python -I -S -c 'import ctypes' (a Python stage 2's floor)": run(stage2_noop),
+        "p bwrap running python -I -S -c 'import _ctypes' (stage 2's interpreter start)": run(
+            [*stage2_noop[:-1], "import _ctypes"]),
+        "p python -I -S -c pass (interpreter start)": run([sys.executable, "-I", "-S", "-c", "pass"]),
+        "p python -c pass (front end interpreter start, with site)": run([sys.executable, "-c", "pass"], cwd="/"),
+        "p python -c 'import sandbox.cli, sandbox.api' (front end start and imports)": run(
+            [sys.executable, "-c", "import sandbox.cli, sandbox.api"], cwd="/"),
+    }
+    notes = {"bwrap": " ".join(bare_bwrap[:6]) + " ..."}
+    if heavy:
+        rows["6a dd 2M read/write, bare"] = run(DD)
+        rows["6b dd 2M read/write, sbx strict"] = quiet(strict, DD)
+        rows["6c dd 2M read/write, bare bwrap + allow-all seccomp filter (the floor)"] = under_allow_all_filter(
+            bare_bwrap, DD)
+        rows["6d find /usr/lib /usr/share, bare"] = run(FIND)
+        rows["6e find /usr/lib /usr/share, sbx strict"] = quiet(strict, FIND)
+        rows["6f find /usr/lib /usr/share, bare bwrap + allow-all seccomp filter (the floor)"] = (
+            under_allow_all_filter(bare_bwrap, FIND))
+    return rows, notes
+
+
+def in_process_phases(workdir: str, rounds: int) -> dict[str, float]:
+    """Per-call costs inside a warm process, in milliseconds (medians)."""
+    from sandbox.launch import prepare
+    from sandbox.seccomp_policy import compiled_bpf, spec_from_profile
+
+    sb = Sandbox("strict", workdir)
+    spec = spec_from_profile(sb.profile.table("seccomp"), False)
+    plan_t, prep_t, bpf_t = [], [], []
+    for _ in range(rounds):
+        bpf_t.append(timed(lambda: compiled_bpf(spec)))
+        plan_t.append(timed(lambda: sb.plan(["true"])))
+        p = sb.plan(["true"])
+        start = time.perf_counter()
+        prepared = prepare(p, sb.capabilities.bwrap_path, sb._bpf)
+        prep_t.append(time.perf_counter() - start)
+        prepared.close_parent_copies()
+        os.close(prepared.status_read)
+    sizes = len(stage2_source())
+    return {"planning (Sandbox.plan)": statistics.median(plan_t) * 1000,
+            "BPF from the cache (compiled_bpf)": statistics.median(bpf_t) * 1000,
+            "descriptors: memfds, pipe, config (prepare)": statistics.median(prep_t) * 1000,
+            "stage 2 source size, bytes": sizes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--heavy-rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rounds = 12 if args.quick else args.rounds
+    warmup = 3
+    workdir = tempfile.mkdtemp(prefix="sbx-bench-")
+    try:
+        rows, notes = build_rows(workdir, heavy=True)
+        light = {k: v for k, v in rows.items() if not k.startswith("6")}
+        heavy = {k: v for k, v in rows.items() if k.startswith("6")}
+        samples: dict[str, list[float]] = {k: [] for k in rows}
+        for i in range(rounds + warmup):
+            for name, fn in light.items():
+                t = timed(fn)
+                if i >= warmup:
+                    samples[name].append(t)
+        for i in range(args.heavy_rounds + 1):
+            for name, fn in heavy.items():
+                t = timed(fn)
+                if i >= 1:
+                    samples[name].append(t)
+        phases = in_process_phases(workdir, rounds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    base = statistics.median(samples["2 bare bwrap (strict's namespaces and mounts)"])
+    table = []
+    for name, values in samples.items():
+        values.sort()
+        median = statistics.median(values)
+        p95 = values[max(0, int(round(len(values) * 0.95)) - 1)]
+        table.append({"row": name, "median_ms": round(median * 1000, 2), "p95_ms": round(p95 * 1000, 2),
+                      "ratio_to_bare_bwrap": round(median / base, 2), "n": len(values)})
+    heavy_ratios = {}
+    for bare, boxed in (("6a", "6b"), ("6a", "6c"), ("6d", "6e"), ("6d", "6f")):
+        b = next(r for r in table if r["row"].startswith(bare))
+        s = next(r for r in table if r["row"].startswith(boxed))
+        heavy_ratios[s["row"]] = round(s["median_ms"] / b["median_ms"], 3)
+    report = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release, "python": sys.version.split()[0]},
+              "rows": table, "heavy_ratio_to_bare": heavy_ratios, "in_process_ms": phases, "notes": notes}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{'row':<78} {'median ms':>10} {'p95 ms':>9} {'x bwrap':>8}")
+    for r in table:
+        print(f"{r['row']:<78} {r['median_ms']:>10.2f} {r['p95_ms']:>9.2f} {r['ratio_to_bare_bwrap']:>8.2f}")
+    print("\nsyscall-heavy workloads, ratio to bare:")
+    for name, ratio in heavy_ratios.items():
+        print(f"  {name}: {ratio:.3f}x")
+    print("\nin-process phases (median ms):")
+    for name, value in phases.items():
+        print(f"  {name}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
