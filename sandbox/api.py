@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from . import hostview, probes
-from .errors import HostError, SandboxError, UsageError
+from .errors import HostError, SandboxError, UsageError, WorkdirError
 from .launch import SandboxProcess, launch, prepare
 from .plan import LaunchPlan, Request, build_plan, paths_to_observe
 from .profile import Profile, load_profile
@@ -40,6 +40,8 @@ class Sandbox:
                  capabilities: probes.Capabilities | None = None) -> None:
         self.profile = profile if isinstance(profile, Profile) else load_profile(str(profile))
         self.workdir = os.path.abspath(os.fspath(workdir)) if workdir is not None else os.getcwd()
+        if not os.path.isdir(self.workdir):
+            raise WorkdirError(f"workdir {self.workdir} is not an existing directory", "create it, or pass another")
         self.capabilities = capabilities or probes.host_capabilities()
         requested = Tier.parse(tier) if isinstance(tier, str) else tier
         self.host_tier = probes.resolve_tier(self.capabilities)

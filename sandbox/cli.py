@@ -204,8 +204,6 @@ def cmd_run(args: Arguments) -> int:
     command = args.positionals
     if not command:
         raise UsageError("no command given", "put the command after '--': sbx run --profile strict -- ls")
-    if args.workdir is not None and not os.path.isdir(args.workdir):
-        raise UsageError(f"--workdir {args.workdir}: not an existing directory", "create it first, or pass another")
     sandbox = Sandbox(args.profile, args.workdir, tier=args.tier, allow_degraded=args.allow_degraded,
                       ro_binds=args.ro_bind, binds=args.bind, share_net=args.share_net,
                       setenv=dict(args.setenv), timeout=args.timeout)

@@ -213,3 +213,23 @@ def test_readme_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for number, block in enumerate(blocks, 1):
         exec(compile(block, f"README.md python example {number}", "exec"), {"__name__": "readme"})
+
+
+def test_a_layer_that_cannot_be_installed_fails_closed(tmp_path):
+    from sandbox.errors import SetupError
+
+    honest = Sandbox("strict", tmp_path)
+    # A plan that asks for a Landlock ABI this kernel does not have: stage 2 must refuse.
+    future = Sandbox("strict", tmp_path, capabilities=honest.capabilities._replace(landlock_abi=99))
+    marker = tmp_path / "ran"
+    with pytest.raises(SetupError) as error:
+        future.run(["touch", str(marker)])
+    assert "landlock" in str(error.value) and "99" in str(error.value)
+    assert not marker.exists()
+    # A seccomp program the kernel rejects: the command must not run without its filter.
+    broken = Sandbox("strict", tmp_path)
+    broken._bpf = (16).to_bytes(4, "little") + b"\xff" * 16
+    with pytest.raises(SetupError) as error:
+        broken.run(["touch", str(marker)])
+    assert "seccomp" in str(error.value)
+    assert not marker.exists()
