@@ -141,9 +141,8 @@ def mark_inherited_fds_cloexec(keep, close_range_fn=None) -> str:
     import resource  # only on kernels before 5.11
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    bound = max(b for b in (soft, hard) if b != resource.RLIM_INFINITY) if (
-        soft != resource.RLIM_INFINITY or hard != resource.RLIM_INFINITY) else FALLBACK_WALK_CAP
-    bound = min(bound, FALLBACK_WALK_CAP)
+    finite = [b for b in (soft, hard) if b != resource.RLIM_INFINITY]
+    bound = min(max(finite), FALLBACK_WALK_CAP) if finite else FALLBACK_WALK_CAP
     keep_set = set(keep)
     for fd in range(FIRST_INHERITED_FD, bound):
         if fd in keep_set:
