@@ -324,4 +324,5 @@ def _stage2_python(host: HostView, mounts: list[Mount], tier: Tier) -> str:
             return candidate
     raise HostError("no Python interpreter is visible inside the sandbox to run stage 2 "
                     f"(tried: {', '.join(host.python_candidates) or 'none'})",
-                    "install python3 under /usr (apt-get install python3)")
+                    "show the interpreter's directory in the profile (ro_binds = [\"/usr\"], or start it "
+                    "with extends = \"strict\"); if python3 is missing: apt-get install python3")

@@ -140,6 +140,9 @@ def find_profile(spec: str, relative_to: str | None = None) -> str:
         path = spec
         if relative_to is not None and not os.path.isabs(path):
             path = os.path.join(relative_to, path)
+        if os.path.isdir(path):
+            raise ProfileError(f"profile {spec} is a directory, not a .toml file",
+                               "name a profile file, or a shipped profile (see 'sbx profiles')")
         if not os.path.isfile(path):
             raise ProfileError(f"profile file {spec} does not exist",
                                "check the path, or name a shipped profile (see 'sbx profiles')")

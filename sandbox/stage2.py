@@ -370,11 +370,17 @@ def exec_command(config: dict) -> None:
         signal.signal(getattr(signal, signame), signal.SIG_DFL)
     argv, env = config["argv"], config["env"]
     exe_fd = config.get("exe_fd")
+    path = None
     try:
         if exe_fd is not None:
             os.execve(exe_fd, argv, env)  # fexecve: the bytes the parent hashed
-        os.execve(find_executable(argv[0], config["search_path"]), argv, env)
+        path = find_executable(argv[0], config["search_path"])
+        os.execve(path, argv, env)
     except OSError as exc:
+        if exc.errno == errno.ENOENT and (exe_fd is not None or (path and os.path.exists(path))):
+            # The file is there: its #! interpreter or ELF loader is what is missing.
+            raise Stage2Failure("exec", f"{argv[0]}: its interpreter or loader is not visible in the sandbox",
+                                exc.errno, EXIT_NOT_EXECUTABLE) from None
         status = EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_NOT_EXECUTABLE
         raise Stage2Failure("exec", f"{argv[0]}: {exc.strerror}", exc.errno or 0, status) from None
 

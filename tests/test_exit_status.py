@@ -62,3 +62,12 @@ def test_not_found_is_127(run):
     result = run("--", "definitely-not-a-command-sbx")
     assert result.returncode == 127
     assert "sbx: error: command-not-found:" in result.stderr
+
+
+def test_a_script_whose_interpreter_is_missing_is_126(run, tmp_path):
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/nonexistent/interpreter\necho hi\n")
+    script.chmod(0o755)
+    result = run("--", str(script))
+    assert result.returncode == 126
+    assert "interpreter or loader is not visible" in result.stderr
