@@ -97,23 +97,27 @@ class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
     def __init__(self, argv: list[str], pass_fds: tuple[int, ...], cwd: str | None, status_read: int,
-                 owned_fds: list[int]) -> None:
+                 owned_fds: list[int], cleared_cloexec: list[int]) -> None:
         self.argv, self.pass_fds, self.cwd = argv, pass_fds, cwd
-        self.status_read, self.owned_fds = status_read, owned_fds
+        self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
 
     def close_parent_copies(self) -> None:
+        """Once the child is started (or failed to): close our descriptors, and set back the
+        close-on-exec flags that prepare() cleared on the caller's preserved files."""
         for fd in self.owned_fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.owned_fds.clear()
+        _restore_cloexec(self.cleared_cloexec)
+        self.cleared_cloexec = []
 
 
 def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> PreparedLaunch:
     """Make the preserved fds inheritable and build every descriptor the child needs."""
     try:
-        stage2.make_files_inheritable(plan.preserved_fds)
+        cleared = stage2.make_files_inheritable(plan.preserved_fds)
     except stage2.FdFlagError as exc:
         raise PreservedFdError(str(exc), exc.fd, exc.errno) from None
     owned: list[int] = []
@@ -153,10 +157,24 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
     except OSError as exc:
         for fd in owned:
             os.close(fd)
+        _restore_cloexec(cleared)
         raise SetupError(f"could not prepare the launch descriptors: {exc.strerror}",
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
-                          cwd=cwd, status_read=status_read, owned_fds=owned)
+                          cwd=cwd, status_read=status_read, owned_fds=owned, cleared_cloexec=cleared)
+
+
+def _restore_cloexec(fds: list[int]) -> None:
+    # Safe: only fds whose flag prepare() cleared, set back once the child has its copies
+    # (pass_fds makes them inheritable in that child regardless), so the caller's other
+    # subprocesses do not inherit them from here on.
+    import fcntl
+
+    for fd in fds:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.fcntl(fd, fcntl.F_GETFD) | fcntl.FD_CLOEXEC)
+        except OSError:
+            pass
 
 
 class SandboxStatus:

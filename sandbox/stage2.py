@@ -76,12 +76,13 @@ class FdFlagError(Exception):
 # --- descriptors ----------------------------------------------------------------------
 
 
-def clear_cloexec(fd: int, fcntl_fn=fcntl.fcntl) -> None:
+def clear_cloexec(fd: int, fcntl_fn=fcntl.fcntl) -> bool:
     """Make ``fd`` survive exec, exactly as Codex's ``clear_cloexec`` does.
 
     Read the flags; a failure (typically EBADF: closed or dropped too early) is an error
     naming the fd. If FD_CLOEXEC is already clear, make no second call. Otherwise clear
-    it and report a failure the same way. Never reopen anything as a fallback.
+    it and report a failure the same way. Never reopen anything as a fallback. Returns
+    whether the flag was changed.
     Safe wherever it runs: it only touches the descriptor flag of an fd the caller
     declared as its own to pass on.
     """
@@ -93,18 +94,19 @@ def clear_cloexec(fd: int, fcntl_fn=fcntl.fcntl) -> None:
         raise FdFlagError(fd, errno.EBADF, reading=True)
     cleared = flags & ~fcntl.FD_CLOEXEC
     if cleared == flags:
-        return
+        return False
     try:
         result = fcntl_fn(fd, fcntl.F_SETFD, cleared)
     except OSError as exc:
         raise FdFlagError(fd, exc.errno or errno.EBADF, reading=False) from None
     if result < 0:
         raise FdFlagError(fd, errno.EBADF, reading=False)
+    return True
 
 
-def make_files_inheritable(fds, fcntl_fn=fcntl.fcntl) -> None:
-    for fd in fds:
-        clear_cloexec(fd, fcntl_fn)
+def make_files_inheritable(fds, fcntl_fn=fcntl.fcntl) -> list:
+    """clear_cloexec on each fd; returns the fds whose flag was changed."""
+    return [fd for fd in fds if clear_cloexec(fd, fcntl_fn)]
 
 
 def cloexec_gaps(keep) -> list:

@@ -172,3 +172,20 @@ def test_cache_refuses_a_directory_others_can_write(tmp_path, monkeypatch):
     assert cache.cache_dir() is None
     cache.write("x", b"data")
     assert cache.read("x") is None and not (shared / "x").exists()
+
+
+def test_preserved_fd_flag_is_restored_after_the_launch(tmp_path):
+    from sandbox import Sandbox
+
+    r, w = os.pipe()  # close-on-exec, as Python opens everything
+    try:
+        assert not os.get_inheritable(r)
+        result = Sandbox("strict", str(tmp_path)).run(["true"], preserve_fds=[r])
+        assert result.returncode == 0
+        assert not os.get_inheritable(r)  # the caller's other subprocesses will not inherit it
+        os.set_inheritable(w, True)  # already inheritable: left as the caller set it
+        Sandbox("strict", str(tmp_path)).run(["true"], preserve_fds=[w])
+        assert os.get_inheritable(w)
+    finally:
+        os.close(r)
+        os.close(w)
