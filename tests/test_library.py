@@ -233,3 +233,26 @@ def test_a_layer_that_cannot_be_installed_fails_closed(tmp_path):
         broken.run(["touch", str(marker)])
     assert "seccomp" in str(error.value)
     assert not marker.exists()
+
+
+PY_WORK = ("import multiprocessing as m, subprocess; p = m.Pool(2); print(p.map(abs, [-1, -2])); p.close(); "
+           "print(subprocess.run(['echo', 'sub'], capture_output=True, text=True).stdout.strip())")
+ORDINARY_WORK = f"""
+set -e
+printf 'b\\na\\n' | sort | head -1
+git init -q repo && cd repo && git -c user.email=a@b -c user.name=n commit -q --allow-empty -m x
+git log --oneline | wc -l
+cd ..
+python3 -c "{PY_WORK}"
+if command -v cc >/dev/null; then cc -o h h.c && ./h; else echo "cc ok"; fi
+"""
+
+
+@pytest.mark.parametrize("profile", ["strict", "standard"])
+def test_ordinary_programs_work_at_kernel_full(tmp_path, profile):
+    """Shells, coreutils, git, Python (threads, subprocess, multiprocessing) and a compiler."""
+    (tmp_path / "h.c").write_text('#include <stdio.h>\nint main(void) { puts("cc ok"); return 0; }\n')
+    result = Sandbox(profile, tmp_path).run(["sh", "-c", ORDINARY_WORK], capture_output=True, text=True, timeout=60)
+    assert result.tier == Tier.KernelFull
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:5] == ["a", "1", "[1, 2]", "sub", "cc ok"]

@@ -38,7 +38,7 @@ def test_strict_bwrap_argv_is_exact():
         "--hostname", "sbx", "--die-with-parent", "--new-session", "--clearenv",
         "--ro-bind", "/usr", "/usr", "--ro-bind-try", "/etc/passwd", "/etc/passwd",
         "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib64", "/lib64",
-        "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
         "--bind", "/work/project", "/work/project", "--remount-ro", "/", "--chdir", "/work/project")
     assert p.stage2_python == "/usr/bin/python3.11"  # /opt is not visible inside
 
@@ -47,7 +47,7 @@ def test_landlock_grants_come_from_the_same_entries_as_the_binds():
     p = plan(ro_binds=("/data",))
     rules = {path: bits for path, bits, _ in p.landlock["rules"]}
     bound = {p.bwrap_args[i + 2] for i, a in enumerate(p.bwrap_args) if a in ("--ro-bind", "--ro-bind-try", "--bind")}
-    assert bound | {"/dev", "/proc", "/tmp"} == set(rules)
+    assert bound | {"/dev", "/proc", "/tmp", "/dev/shm"} == set(rules)
     assert rules["/usr"] == rules["/data"] == grant_mask("read", 7)
     assert rules["/work/project"] == rules["/tmp"] == sum(bit for bit, _ in FS_RIGHTS.values())
     assert not rules["/usr"] & FS_RIGHTS["write_file"][0]
