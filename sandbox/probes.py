@@ -140,6 +140,18 @@ class HostProbes:
         return values
 
     def landlock_abi(self) -> tuple[int, str]:
+        """The Landlock ABI and, when there is none, why. Off the launch path, so the
+        ``landlock`` package (whose import costs tens of milliseconds) answers here, with
+        its reasons; our raw syscall is the fallback when the package is missing."""
+        try:
+            from landlock.plumbing import landlock_abi_version
+        except ImportError:
+            pass
+        else:
+            try:
+                return int(landlock_abi_version()), ""
+            except OSError as exc:
+                return 0, getattr(exc, "reason", None) or os.strerror(exc.errno or 0)
         from . import stage2
 
         try:
@@ -210,8 +222,9 @@ def probe_host(probes: HostProbes | None = None) -> Capabilities:
     if abi >= 1:
         checks.append(Check("landlock", True, f"ABI {abi}"))
     else:
+        disabled = why == os.strerror(95) or "disabled at boot" in why
         remedy = ("boot with Landlock in the LSM list (lsm=landlock,... on the kernel command line)"
-                  if why == os.strerror(95) else "use a kernel built with CONFIG_SECURITY_LANDLOCK (5.13+)")
+                  if disabled else "use a kernel built with CONFIG_SECURITY_LANDLOCK (5.13+)")
         checks.append(Check("landlock", False, f"unavailable: {why or 'no ABI'}", remedy))
     seccomp, nnp, detail = probes.seccomp_and_nnp()
     checks.append(Check("seccomp", seccomp, "a seccomp filter installs (Seccomp: 2)" if seccomp
