@@ -48,7 +48,7 @@ CALLS = {
 }
 REQUIRED = {
     "fcntl": (72, (L(-1), L(1))),  # F_GETFD on a bad fd: EBADF
-    "getrlimit": (97, (L(7), ctypes.byref(ctypes.c_ulong * 2)() if False else ctypes.byref((ctypes.c_ulong * 2)()))),
+    "getrlimit": (97, (L(7), ctypes.byref((ctypes.c_ulong * 2)()))),  # RLIMIT_NOFILE: 0
     "prlimit64": (302, (L(0), L(7), L(0), ctypes.byref((ctypes.c_ulong * 2)()))),
     "pread64": (17, (L(-1), BAD, L(1), L(0))),
 }
