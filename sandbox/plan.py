@@ -116,6 +116,8 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     if not request.argv:
         raise UsageError("no command given", "put the command after '--', e.g. sbx run -- ls")
     workdir = _check_workdir(request.workdir, host)
+    fs_workdir = profile.table("filesystem")["workdir"]
+    start_dir = workdir if fs_workdir != "none" else "/"  # with no workdir shown, start at /
     share_net = request.share_net or not profile.table("namespaces")["net"]
     mounts = _mounts(profile, request, host, workdir)
     preserved = tuple(sorted(set(request.preserve_fds) | ({request.exe_fd} if request.exe_fd is not None else set())))
@@ -127,9 +129,9 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     seccomp = spec_from_profile(profile.table("seccomp"), share_net) if tier.uses_seccomp else None
     env = _environment(profile, request)
     python = _stage2_python(host, mounts, tier)
-    bwrap_args = (_bwrap_args(profile, mounts, workdir, share_net, host, bwrap_features)
+    bwrap_args = (_bwrap_args(profile, mounts, start_dir, share_net, host, bwrap_features)
                   if tier.uses_bwrap else None)
-    return LaunchPlan(tier=tier, profile_name=profile.name, argv=tuple(request.argv), workdir=workdir,
+    return LaunchPlan(tier=tier, profile_name=profile.name, argv=tuple(request.argv), workdir=start_dir,
                       mounts=tuple(mounts), bwrap_args=bwrap_args, stage2_python=python,
                       preserved_fds=preserved, env=env,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),

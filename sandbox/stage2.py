@@ -395,12 +395,18 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 
 
 def parse_frames(data: bytes) -> list:
+    """The records in ``data``; a truncated or undecodable tail is dropped."""
     records, offset = [], 0
     while offset + 5 <= len(data):
         kind = data[offset:offset + 1]
         size = int.from_bytes(data[offset + 1:offset + 5], "little")
         payload = data[offset + 5:offset + 5 + size]
-        records.append((kind, marshal.loads(payload) if payload else None))
+        if len(payload) != size:
+            break
+        try:
+            records.append((kind, marshal.loads(payload) if payload else None))
+        except (ValueError, EOFError, TypeError):
+            break
         offset += 5 + size
     return records
 

@@ -139,3 +139,21 @@ def test_environment_keep_patterns(name, pattern, expected):
     from sandbox.plan import glob_match
 
     assert glob_match(name, pattern) is expected
+
+
+def test_a_profile_without_a_workdir_starts_at_root(tmp_path):
+    custom = tmp_path / "nowork.toml"
+    custom.write_text('extends = "strict"\n[filesystem]\nworkdir = "none"\n')
+    from sandbox.profile import load_profile as load
+
+    p = build_plan(load(str(custom)), Tier.KernelFull, Request(("ls",), "/work/project"), HOST, 7)
+    assert "/work/project" not in p.bwrap_args and p.bwrap_args[-2:] == ("--chdir", "/")
+    assert p.workdir == "/"
+
+
+def test_status_frames_survive_a_truncated_tail():
+    from sandbox import stage2
+
+    data = stage2.frame(b"S") + stage2.frame(b"E", b"\x00garbage")
+    assert stage2.parse_frames(data) == [(b"S", None)]
+    assert stage2.parse_frames(stage2.frame(b"S")[:3]) == []
