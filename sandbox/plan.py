@@ -191,6 +191,9 @@ def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) ->
         mounts.append(Mount("ro-bind", _real(host, path), _real(host, path), "read"))
     for path in request.binds:
         _require(host, path, "--bind")
+        if _real(host, path) in FORBIDDEN_WORKDIRS:
+            raise BindError(f"--bind {path} would expose a system directory read-write",
+                            "bind a project directory, or use --ro-bind for system paths")
         mounts.append(Mount("bind", _real(host, path), _real(host, path), "read-write"))
     if fs["workdir"] == "rw":
         mounts.append(Mount("bind", workdir, workdir, "read-write"))

@@ -103,6 +103,7 @@ def test_standard_hides_secrets_under_a_read_only_host():
     ({"workdir": "/missing"}, WorkdirError),
     ({"workdir": "relative"}, WorkdirError),
     ({"binds": ("/missing",)}, BindError),
+    ({"binds": ("/usr",)}, BindError),
     ({"preserve_fds": (2,)}, UsageError),
 ])
 def test_requests_that_cannot_be_met(request_fields, error):
