@@ -252,11 +252,10 @@ def cmd_doctor(args: Arguments) -> int:
     tier = probes.resolve_tier(caps)
     profile = load_profile(args.profile)
     layers: list[str] = []
-    plan_tier = tier
     try:
         request = Request(argv=("true",), workdir=os.getcwd())
         host = observe(paths_to_observe(profile, request))
-        layers = build_plan(profile, plan_tier, request, host, caps.landlock_abi,
+        layers = build_plan(profile, tier, request, host, caps.landlock_abi,
                             caps.bwrap_features).describe().splitlines()
     except SandboxError as exc:
         layers = [f"(cannot plan profile {profile.name} here: {exc})"]
@@ -275,7 +274,7 @@ def cmd_doctor(args: Arguments) -> int:
         if not check.ok and check.remedy:
             print(f"     {'':<{width}}  remedy: {check.remedy}")
     print(f"\ntier: {tier.name}")
-    print(f"\nlayers of profile {profile.name!r} at {plan_tier.name}:")
+    print(f"\nlayers of profile {profile.name!r} at {tier.name}:")
     for line in layers:
         print(f"  {line}")
     return 0

@@ -21,6 +21,7 @@ from .tiers import Tier
 RLIM_INFINITY = -1
 RLIMIT_NAMES = {"nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC", "core": "RLIMIT_CORE",
                 "as": "RLIMIT_AS", "cpu": "RLIMIT_CPU", "fsize": "RLIMIT_FSIZE"}
+MAX_FD = 2**31 - 1  # descriptors are C ints
 OVERFLOW_UID = 65534  # the uid a root caller becomes inside: no capabilities, nobody's files
 DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 FORBIDDEN_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/usr", "/etc", "/boot")
@@ -125,6 +126,9 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
         if fd < 3:
             raise UsageError(f"--preserve-fd {fd}: descriptors 0, 1 and 2 are always passed",
                              "preserve descriptors numbered 3 or more")
+        if fd > MAX_FD:
+            raise UsageError(f"--preserve-fd {fd}: no descriptor can have that number",
+                             "pass the number of a descriptor that is open in the caller")
     landlock = _landlock(profile, mounts, landlock_abi, share_net) if tier.uses_landlock else None
     seccomp = spec_from_profile(profile.table("seccomp"), share_net) if tier.uses_seccomp else None
     env = _environment(profile, request)

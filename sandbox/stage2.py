@@ -90,6 +90,8 @@ def clear_cloexec(fd: int, fcntl_fn=fcntl.fcntl) -> bool:
         flags = fcntl_fn(fd, fcntl.F_GETFD)
     except OSError as exc:
         raise FdFlagError(fd, exc.errno or errno.EBADF, reading=True) from None
+    except OverflowError:  # not even a C int: no such descriptor can exist
+        raise FdFlagError(fd, errno.EBADF, reading=True) from None
     if flags < 0:
         raise FdFlagError(fd, errno.EBADF, reading=True)
     cleared = flags & ~fcntl.FD_CLOEXEC

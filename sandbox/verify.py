@@ -262,8 +262,19 @@ def render_markdown(report: dict) -> str:
 
 
 def cmd_verify(args) -> int:
+    from .errors import UsageError
+
+    if args.output:  # refuse before spending the run, and create nothing on the way
+        directory = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK) or os.path.isdir(args.output):
+            raise UsageError(f"--output {args.output}: cannot write a file there",
+                             "name a file in an existing, writable directory")
     report = run_verification()
     print(json.dumps(report, indent=2) if args.json else render_table(report))
     if args.output:
-        Path(args.output).write_text(render_markdown(report), encoding="utf-8")
+        try:
+            Path(args.output).write_text(render_markdown(report), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--output {args.output}: {exc.strerror}",
+                             "name a file in an existing, writable directory") from None
     return 0 if report["passed"] else 1

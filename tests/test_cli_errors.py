@@ -29,6 +29,8 @@ def assert_clean_error(result, code: str, *fragments: str) -> None:
     (["run", "--bind", "/nonexistent-sbx", "--", "true"], "bind", ["/nonexistent-sbx"]),
     (["run", "--setenv", "NOVALUE", "--", "true"], "usage", ["NOVALUE"]),
     (["run", "--preserve-fd", "1", "--", "true"], "usage", ["0, 1 and 2"]),
+    (["run", "--preserve-fd", "99999999999", "--", "true"], "usage", ["99999999999"]),
+    (["verify", "--output", "/nonexistent-sbx/record.md"], "usage", ["/nonexistent-sbx/record.md"]),
     (["run", "--profile", "/nonexistent/p.toml", "--", "true"], "profile", ["/nonexistent/p.toml"]),
     (["profiles", "show"], "usage", []),
     (["nonsense"], "usage", []),

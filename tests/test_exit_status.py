@@ -49,11 +49,15 @@ def test_bwrap_setup_failure_is_125_not_the_commands_1(run):
     assert result.returncode == 125
 
 
+def run_script(run, tmp_path, first_line: str, mode: int):
+    script = tmp_path / "script.sh"
+    script.write_text(f"{first_line}\necho hi\n")
+    script.chmod(mode)
+    return run("--", str(script))
+
+
 def test_not_executable_is_126(run, tmp_path):
-    script = tmp_path / "noexec.sh"
-    script.write_text("#!/bin/sh\necho hi\n")
-    script.chmod(0o644)
-    result = run("--", str(script))
+    result = run_script(run, tmp_path, "#!/bin/sh", 0o644)
     assert result.returncode == 126
     assert "sbx: error: command-not-executable:" in result.stderr
 
@@ -65,9 +69,6 @@ def test_not_found_is_127(run):
 
 
 def test_a_script_whose_interpreter_is_missing_is_126(run, tmp_path):
-    script = tmp_path / "bad.sh"
-    script.write_text("#!/nonexistent/interpreter\necho hi\n")
-    script.chmod(0o755)
-    result = run("--", str(script))
+    result = run_script(run, tmp_path, "#!/nonexistent/interpreter", 0o755)
     assert result.returncode == 126
     assert "interpreter or loader is not visible" in result.stderr

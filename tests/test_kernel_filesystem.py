@@ -94,7 +94,8 @@ def test_tmp_is_private(runner):
     workdir = runner.workdir()
     marker = f"/tmp/sbx-private-{os.getpid()}"
     result = _probe(runner, [], workdir, [], [marker])
-    assert parse_json_line(result.stdout)["write"][marker] == "ok"  # a tmpfs inside
+    assert verbose_tier(result.stderr) == "KernelFull"
+    assert parse_json_line(result.stdout)["write"][marker] == "ok"  # a tmpfs inside (the control)
     assert not os.path.exists(marker)  # never the host's /tmp
 
 
@@ -139,8 +140,9 @@ def test_no_network_from_inside_strict(runner, tier):
 
 
 def test_runs_as_an_unprivileged_uid_inside(runner):
-    result = runner.run("run", "--workdir", str(runner.workdir()), "--", "id", "-u")
+    result = runner.run("run", "--verbose", "--workdir", str(runner.workdir()), "--", "id", "-u")
     assert result.returncode == 0, result.stderr
+    assert verbose_tier(result.stderr) == "KernelFull"
     inside = int(result.stdout.strip())
     assert inside != 0
     assert inside == (runner.uid if runner.uid is not None else UNPRIV_UID)

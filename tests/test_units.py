@@ -113,6 +113,12 @@ def test_clear_cloexec_errors_name_the_fd_and_errno():
                                     "Operation not permitted")
 
 
+def test_clear_cloexec_on_a_number_beyond_any_fd_is_ebadf():
+    with pytest.raises(stage2.FdFlagError) as error:
+        stage2.clear_cloexec(2**40)
+    assert "Bad file descriptor" in str(error.value)
+
+
 def test_real_fd_round_trip():
     r, w = os.pipe()
     try:
