@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from . import hostview, probes
 from .errors import HostError, SandboxError, UsageError, WorkdirError
+from .integrity import protected_paths
 from .launch import SandboxProcess, launch, prepare
 from .plan import LaunchPlan, Request, build_plan, paths_to_observe
 from .profile import Profile, load_profile
@@ -55,7 +56,8 @@ class Sandbox:
         self._share_net = share_net
         self._setenv = tuple((setenv or {}).items())
         self.timeout = timeout if timeout is not None else (self.profile.timeout or None)
-        self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))))
+        self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
+                                      protected_paths(self.profile.sources, self.capabilities.bwrap_path))
         self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"),
                                                     self._effective_share_net()))
                      if self.tier.uses_seccomp else None)

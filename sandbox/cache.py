@@ -1,8 +1,13 @@
-"""A per-user cache for compiled seccomp programs and host probe results.
+"""A per-user cache for compiled seccomp programs, host probe results and validated profiles.
 
-Only a directory this user owns, that nobody else can write to and that is not a
-symlink is used; files are opened with O_NOFOLLOW, must be owned by this user, and are
-replaced atomically. When no safe directory exists, nothing is cached (correct, slower).
+What is cached decides what later runs enforce, so it lives only where no sandbox can
+write: the planner refuses every writable bind that overlaps any candidate directory
+below (see ``integrity.py``). On top of that, only a directory this user owns, that
+nobody else can write to and that is not a symlink is used; files are opened with
+O_NOFOLLOW, must be owned by this user, and are replaced atomically; readers check the
+form of what they read and recompute when it is wrong. When no safe directory exists,
+nothing is cached (correct, slower). Directories are created only below a ``$HOME`` or
+``$XDG_CACHE_HOME`` that already exists.
 """
 
 from __future__ import annotations
@@ -26,18 +31,36 @@ def digest(text: str) -> str:
     return sha256(text.encode()).hexdigest()[:32]
 
 
-def _candidates() -> list[str]:
-    if os.environ.get(CACHE_DIR_ENV):
-        return [os.environ[CACHE_DIR_ENV]]
+def candidates() -> list[str]:
+    """The directories the cache may use, first choice first. Relative settings are
+    ignored: they would name a directory relative to whatever the current one is."""
+    explicit = os.environ.get(CACHE_DIR_ENV, "")
+    if explicit:
+        return [explicit] if os.path.isabs(explicit) else []
     found = []
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    home = os.environ.get("HOME")
-    if xdg:
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(xdg):
         found.append(os.path.join(xdg, "sbx"))
-    elif home:
+    elif os.path.isabs(home):
         found.append(os.path.join(home, ".cache", "sbx"))
     found.append(f"/tmp/sbx-cache-{os.geteuid()}")
     return found
+
+
+def _make(path: str) -> None:
+    """Create ``path`` and at most its parent (``~/.cache``), never a missing home."""
+    parent = os.path.dirname(path)
+    if not os.path.isdir(os.path.dirname(parent)):
+        raise FileNotFoundError(parent)
+    try:
+        os.mkdir(parent, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
 
 
 def _safe_dir(path: str) -> bool:
@@ -54,12 +77,9 @@ def cache_dir() -> str | None:
     if key in _checked:
         return _checked[key]
     chosen = None
-    for path in _candidates():
+    for path in candidates():
         try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
+            _make(path)
         except OSError:
             continue
         if _safe_dir(path):

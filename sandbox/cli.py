@@ -215,7 +215,8 @@ def cmd_run(args: Arguments) -> int:
     if args.verbose:
         print(f"sbx: tier {sandbox.tier.name} (host resolves {sandbox.host_tier.name}; "
               f"profile {sandbox.profile.name}, floor {sandbox.profile.tier_floor.name}; "
-              f"landlock ABI {sandbox.capabilities.landlock_abi})", file=sys.stderr)
+              f"landlock ABI {sandbox.capabilities.landlock_abi}; bwrap {sandbox.capabilities.bwrap_path})",
+              file=sys.stderr)
     process = sandbox.spawn(command, preserve_fds=args.preserve_fd, exe_sha256=args.exe_sha256)
 
     def forward(signum: int, _frame: object) -> None:
@@ -245,6 +246,7 @@ def cmd_run(args: Arguments) -> int:
 def cmd_doctor(args: Arguments) -> int:
     from . import probes
     from .hostview import observe
+    from .integrity import protected_paths
     from .plan import Request, build_plan, paths_to_observe
     from .profile import load_profile
 
@@ -254,7 +256,7 @@ def cmd_doctor(args: Arguments) -> int:
     layers: list[str] = []
     try:
         request = Request(argv=("true",), workdir=os.getcwd())
-        host = observe(paths_to_observe(profile, request))
+        host = observe(paths_to_observe(profile, request), protected_paths(profile.sources, caps.bwrap_path))
         layers = build_plan(profile, tier, request, host, caps.landlock_abi,
                             caps.bwrap_features).describe().splitlines()
     except SandboxError as exc:

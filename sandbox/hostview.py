@@ -1,8 +1,9 @@
 """What the planner needs to know about this host's filesystem, gathered in one place.
 
 Planning stays pure by taking a ``HostView`` as input: which paths exist and of what
-kind, where the merged-usr links point, which interpreters could run stage 2. This module
-is the only one that looks; tests build ``HostView`` values by hand.
+kind, where the merged-usr links point, which interpreters could run stage 2, and which
+host paths sbx itself trusts on later runs (``protected``). This module is the only one
+that looks; tests build ``HostView`` values by hand.
 """
 
 from __future__ import annotations
@@ -15,15 +16,28 @@ MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEFAULT_STAGE2_PYTHONS = ("/usr/bin/python3",)
 
 
-class HostPath(namedtuple("HostPath", "kind target real is_dir", defaults=("", "", False))):
+class HostPath(namedtuple("HostPath", "kind target real is_dir chain", defaults=("", "", False, ()))):
     """kind: dir, file, symlink, missing or other; target: a link's text; real: realpath;
-    is_dir: after following links."""
+    is_dir: after following links; chain: the (st_dev, st_ino) of ``real`` and of each of
+    its ancestors up to ``/`` -- for a missing path, of its deepest existing ancestor up."""
 
     __slots__ = ()
 
 
-class HostView(namedtuple("HostView", "paths python_candidates uid gid", defaults=((), 0, 0))):
-    """The host facts planning needs: every path it asks about, interpreters for stage 2, ids."""
+class Protected(namedtuple("Protected", "label path chain exists")):
+    """A host path that a later sbx run trusts (its package, venv, profiles, cache, bwrap).
+
+    ``chain`` as for ``HostPath``; ``exists`` says whether ``chain[0]`` is the path itself.
+    Comparing (st_dev, st_ino) rather than strings also catches a path reached through
+    another bind mount or a symlinked ancestor.
+    """
+
+    __slots__ = ()
+
+
+class HostView(namedtuple("HostView", "paths python_candidates uid gid protected", defaults=((), 0, 0, ()))):
+    """The host facts planning needs: every path it asks about, interpreters for stage 2,
+    ids, and the paths no writable bind may overlap."""
 
     __slots__ = ()
 
@@ -31,27 +45,50 @@ class HostView(namedtuple("HostView", "paths python_candidates uid gid", default
         return self.paths[path].kind if path in self.paths else "missing"
 
 
+def identity_chain(real: str) -> tuple[tuple[int, int], ...]:
+    """(st_dev, st_ino) of ``real`` (or its deepest existing ancestor) and every ancestor."""
+    chain = []
+    path = real
+    while True:
+        try:
+            info = os.stat(path)
+        except OSError:
+            info = None
+        if info is not None:
+            chain.append((info.st_dev, info.st_ino))
+        parent = os.path.dirname(path)
+        if parent == path:
+            return tuple(chain)
+        path = parent
+
+
 def inspect_path(path: str) -> HostPath:
     try:
         info = os.lstat(path)
-    except OSError:
+    except (OSError, ValueError):
         return HostPath("missing")
     import stat
 
+    real = os.path.realpath(path)
+    chain = identity_chain(real)
     if stat.S_ISLNK(info.st_mode):
-        real = os.path.realpath(path)
         kind = "symlink" if os.path.exists(real) else "missing"
-        return HostPath(kind, os.readlink(path), real, os.path.isdir(real))
+        return HostPath(kind, os.readlink(path), real, os.path.isdir(real), chain)
     if stat.S_ISDIR(info.st_mode):
-        return HostPath("dir", real=path, is_dir=True)
+        return HostPath("dir", real=real, is_dir=True, chain=chain)
     if stat.S_ISREG(info.st_mode) or stat.S_ISCHR(info.st_mode):
-        return HostPath("file", real=path)
-    return HostPath("other", real=path)
+        return HostPath("file", real=real, chain=chain)
+    return HostPath("other", real=real, chain=chain)
 
 
-def observe(paths) -> HostView:
+def protect(label: str, path: str) -> Protected:
+    real = os.path.realpath(path)
+    return Protected(label, real, identity_chain(real), os.path.lexists(real))
+
+
+def observe(paths, protected=()) -> HostView:
     seen = {p: inspect_path(p) for p in dict.fromkeys(paths)}
     pythons = [os.path.realpath(sys.executable)]
     pythons += [os.path.realpath(p) for p in DEFAULT_STAGE2_PYTHONS if os.path.exists(p)]
     return HostView(paths=seen, python_candidates=tuple(dict.fromkeys(pythons)),
-                    uid=os.getuid(), gid=os.getgid())
+                    uid=os.getuid(), gid=os.getgid(), protected=tuple(protected))

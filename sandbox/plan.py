@@ -12,7 +12,7 @@ import shlex
 from collections import namedtuple
 
 from . import landlock_rights as ll
-from .errors import BindError, HostError, UsageError, WorkdirError
+from .errors import BindError, HostError, SandboxError, UsageError, WorkdirError
 from .hostview import MERGED_USR_LINKS, HostView
 from .profile import Profile
 from .seccomp_policy import spec_from_profile
@@ -156,6 +156,22 @@ def _check_workdir(workdir: str, host: HostView) -> str:
     return real
 
 
+def _refuse_protected(host: HostView, path: str, what: str, error: type[SandboxError]) -> None:
+    """Refuse a writable bind that overlaps what later sbx runs trust (see integrity.py)."""
+    from .integrity import overlaps
+
+    info = host.paths.get(path)
+    found = overlaps(info.chain if info else (), host.protected)
+    if not found:
+        return
+    what_overlaps = "; ".join(f"{'contains' if how == 'contains' else 'lies inside'} {entry.label} ({entry.path})"
+                              for how, entry in found)
+    raise error(f"{what} {path} {what_overlaps}: a sandboxed command could change "
+                "what later sbx runs enforce or execute",
+                "give the sandbox a project directory that holds none of sbx's installation, profiles or cache "
+                "(a path the README's 'What a sandboxed command cannot touch' explains)")
+
+
 def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) -> list[Mount]:
     fs = profile.table("filesystem")
     mounts: list[Mount] = []
@@ -189,6 +205,7 @@ def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) ->
         mounts.append(Mount("hide-dir" if info.is_dir else "hide-file", info.real or path))
     for path in fs["binds"]:
         _require(host, path, "profile binds")
+        _refuse_protected(host, path, "profile bind", BindError)
         mounts.append(Mount("bind", path, path, "read-write"))
     for path in request.ro_binds:
         _require(host, path, "--ro-bind")
@@ -198,8 +215,10 @@ def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) ->
         if _real(host, path) in FORBIDDEN_WORKDIRS:
             raise BindError(f"--bind {path} would expose a system directory read-write",
                             "bind a project directory, or use --ro-bind for system paths")
+        _refuse_protected(host, path, "--bind", BindError)
         mounts.append(Mount("bind", _real(host, path), _real(host, path), "read-write"))
     if fs["workdir"] == "rw":
+        _refuse_protected(host, request.workdir, "workdir", WorkdirError)
         mounts.append(Mount("bind", workdir, workdir, "read-write"))
     elif fs["workdir"] == "ro":
         mounts.append(Mount("ro-bind", workdir, workdir, "read"))

@@ -60,11 +60,26 @@ class Capabilities(namedtuple("Capabilities", "bwrap_path bwrap_version bwrap_us
         return data
 
     @classmethod
-    def from_record(cls, data: dict) -> Capabilities:
-        data = dict(data)
-        data["bwrap_features"] = frozenset(data.get("bwrap_features", ()))
-        data["checks"] = tuple(Check(*c) for c in data.get("checks", ()))
-        return cls(**data)
+    def from_record(cls, data: object, bwrap_path: str | None) -> Capabilities:
+        """A cached record, checked for form; ``bwrap_path`` is always the one found now,
+        never a path read back from the cache. Raises ValueError for anything malformed."""
+        if not isinstance(data, dict) or set(data) != set(cls._fields):
+            raise ValueError("not a capabilities record")
+        kinds = {"bwrap_version": str, "bwrap_usable": bool, "landlock_abi": int, "seccomp": bool,
+                 "no_new_privs": bool, "close_range_cloexec": bool}
+        for key, kind in kinds.items():
+            if type(data[key]) is not kind:
+                raise ValueError(key)
+        features = data["bwrap_features"]
+        if not isinstance(features, list) or not set(features) <= set(OPTIONAL_BWRAP_OPTIONS):
+            raise ValueError("bwrap_features")
+        checks = data["checks"]
+        if not isinstance(checks, list) or not all(
+                isinstance(c, tuple) and len(c) == 4 and all(isinstance(x, (str, bool)) for x in c) for c in checks):
+            raise ValueError("checks")
+        if data["bwrap_path"] != bwrap_path or not 0 <= data["landlock_abi"] < 1000:
+            raise ValueError("bwrap_path")
+        return cls(**{**data, "bwrap_features": frozenset(features), "checks": tuple(Check(*c) for c in checks)})
 
 
 def resolve_tier(caps: Capabilities) -> Tier:
@@ -93,13 +108,30 @@ def choose_tier(host_tier: Tier, requested: Tier | None, floor: Tier, allow_degr
                   f"({why}; --allow-degraded): layers above {tier.name} are NOT enforced")
 
 
-def which(name: str) -> str | None:
+# bwrap is looked up here and never on PATH: a PATH entry a sandboxed command can write
+# (a project's bin directory, ".") would let it plant a "bwrap" that runs on the host.
+TRUSTED_BWRAP_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
+
+
+def which(name: str, directories=None) -> str | None:
     """shutil.which without importing shutil on the launch path."""
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+    if directories is None:
+        directories = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    for directory in directories:
         candidate = os.path.join(directory or ".", name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def bwrap_not_found() -> tuple[str, str]:
+    """The detail and remedy of a failed bwrap lookup, naming what was looked at."""
+    explicit = os.environ.get(BWRAP_ENV)
+    if explicit:
+        why = "is not an absolute path" if not os.path.isabs(explicit) else "is not an executable file"
+        return f"{BWRAP_ENV}={explicit} {why}", f"point {BWRAP_ENV} at the bwrap binary by its absolute path, or unset it"
+    return (f"bubblewrap (bwrap) not found in {', '.join(TRUSTED_BWRAP_DIRS)}",
+            f"apt-get install bubblewrap (or set {BWRAP_ENV} to its absolute path)")
 
 
 class HostProbes:
@@ -108,8 +140,10 @@ class HostProbes:
     def find_bwrap(self) -> str | None:
         explicit = os.environ.get(BWRAP_ENV)
         if explicit:
-            return explicit if os.access(explicit, os.X_OK) else None
-        return which("bwrap")
+            ok = os.path.isabs(explicit) and os.path.isfile(explicit) and os.access(explicit, os.X_OK)
+            return os.path.realpath(explicit) if ok else None
+        found = which("bwrap", TRUSTED_BWRAP_DIRS)
+        return os.path.realpath(found) if found else None
 
     def bwrap_version(self, bwrap: str) -> str:
         try:
@@ -120,7 +154,7 @@ class HostProbes:
 
     def bwrap_runs(self, bwrap: str, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
         """Run ``bwrap <namespaces> <extra> true``; (exit status was 0, bwrap's stderr)."""
-        true = which("true") or "/bin/true"
+        true = which("true", TRUSTED_BWRAP_DIRS) or "/bin/true"
         argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
                 "--proc", "/proc", *extra, "--", true]
         try:
@@ -202,8 +236,7 @@ def probe_host(probes: HostProbes | None = None) -> Capabilities:
     bwrap = probes.find_bwrap()
     version, usable, features = "", False, set()
     if bwrap is None:
-        checks.append(Check("bwrap", False, "bubblewrap (bwrap) not found on PATH",
-                            "apt-get install bubblewrap (or set SBX_BWRAP to its path)"))
+        checks.append(Check("bwrap", False, *bwrap_not_found()))
     else:
         version = probes.bwrap_version(bwrap)
         checks.append(Check("bwrap", True, f"{bwrap} (version {version or 'unknown'})"))
@@ -291,11 +324,11 @@ def host_capabilities(refresh: bool = False, probes: HostProbes | None = None) -
         raw = cache.read(name)
         if raw:
             try:
-                caps = Capabilities.from_record(marshal.loads(raw))
+                caps = Capabilities.from_record(marshal.loads(raw), probes.find_bwrap())
                 _memo[key] = caps
                 return caps
             except (ValueError, TypeError, EOFError):
-                pass
+                pass  # malformed: probe again (a forged or corrupted cache costs time)
     caps = probe_host(probes)
     cache.write(name, marshal.dumps(caps.to_record(), 2))
     _memo[key] = caps

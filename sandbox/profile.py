@@ -68,8 +68,9 @@ DEFAULTS: dict[str, object] = {
 }
 
 
-class Profile(namedtuple("Profile", "name source data")):
-    """A validated, fully merged profile: its name, the file it was read from, its tables."""
+class Profile(namedtuple("Profile", "name source data sources", defaults=((),))):
+    """A validated, fully merged profile: its name, the file it was read from, its tables,
+    and every file its ``extends`` chain read (no sandbox may write those)."""
 
     __slots__ = ()
 
@@ -159,25 +160,27 @@ def find_profile(spec: str, relative_to: str | None = None) -> str:
 def load_profile(spec: str) -> Profile:
     """Load, merge (``extends``) and validate a profile by name or path."""
     path = find_profile(spec)
-    merged = _load_merged(path, chain=())
+    sources: list[str] = []
+    merged = _load_merged(path, chain=(), sources=sources)
     data = _deep_merge(DEFAULTS, merged)
     data.pop("extends", None)
     name = os.path.basename(path)[:-5] if _looks_like_path(spec) and path.endswith(".toml") else spec
-    return Profile(name=name, source=path, data=data)
+    return Profile(name=name, source=path, data=data, sources=tuple(sources))
 
 
-def _load_merged(path: str, chain: tuple) -> dict:
+def _load_merged(path: str, chain: tuple, sources: list[str]) -> dict:
     resolved = os.path.realpath(path)
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))
         raise ProfileError(f"profile {path}: 'extends' forms a cycle: {cycle}",
                            "make the chain of 'extends' end in a profile that extends nothing")
+    sources.append(resolved)
     raw = _validated_raw(path)
     parent_spec = raw.get("extends")
     if parent_spec is None:
         return raw
     parent_path = find_profile(parent_spec, relative_to=os.path.dirname(path))
-    parent = _load_merged(parent_path, (*chain, resolved))
+    parent = _load_merged(parent_path, (*chain, resolved), sources)
     return _deep_merge(parent, raw)
 
 
@@ -199,9 +202,12 @@ def _validated_raw(path: str) -> dict:
         stored = cache.read(name)
         if stored:
             try:
-                return marshal.loads(stored)
-            except (ValueError, EOFError, TypeError):
-                pass
+                raw = marshal.loads(stored)
+                if isinstance(raw, dict):
+                    _validate(raw, path, "")  # cheap; only the TOML parse is worth caching
+                    return raw
+            except (ValueError, EOFError, TypeError, ProfileError):
+                pass  # malformed: parse the file again
     raw, text = _read_toml(path)
     _validate(raw, path, text)
     if name:

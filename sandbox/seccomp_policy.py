@@ -187,14 +187,27 @@ def compiled_bpf(spec: SeccompSpec) -> bytes:
     return program
 
 
+BPF_LD_W_ABS, BPF_RET_CLASS = 0x20, 0x06
+SECCOMP_DATA_ARCH_OFFSET = 4
+
+
 def _well_framed(blob: bytes) -> bool:
-    offset = 0
+    """The shape compile_bpf produces: two framed programs, each starting by loading the
+    architecture (libseccomp's first check) and ending in a return. A cached blob of any
+    other shape is compiled again; the check costs microseconds."""
+    offset, programs = 0, 0
     while offset + 4 <= len(blob):
         size = int.from_bytes(blob[offset:offset + 4], "little")
-        if size == 0 or size % 8:
+        program = blob[offset + 4:offset + 4 + size]
+        if size == 0 or size % 8 or len(program) != size or size // 8 > 4096:
+            return False
+        first_code, first_k = int.from_bytes(program[0:2], "little"), int.from_bytes(program[4:8], "little")
+        last_code = int.from_bytes(program[-8:-6], "little")
+        if (first_code, first_k) != (BPF_LD_W_ABS, SECCOMP_DATA_ARCH_OFFSET) or last_code & 0x07 != BPF_RET_CLASS:
             return False
         offset += 4 + size
-    return offset == len(blob) and offset > 0
+        programs += 1
+    return offset == len(blob) and programs == 2
 
 
 def compile_bpf(spec: SeccompSpec) -> bytes:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import probes
+from .integrity import CLI_MAIN, import_root, isolated_python
 from .probes_src import source
 from .tiers import Tier
 
@@ -71,8 +72,12 @@ def stage_package_copy(dest: Path) -> Path:
 class User:
     """How to run things as one user: the interpreter, the environment, the wrapper."""
 
-    def __init__(self, name: str, uid: int | None, python: str, env: dict) -> None:
-        self.name, self.uid, self.python, self.env = name, uid, python, env
+    def __init__(self, name: str, uid: int | None, python: str, env: dict, import_root: str) -> None:
+        self.name, self.uid, self.python, self.env, self.import_root = name, uid, python, env, import_root
+
+    def python_argv(self, code: str, *args: str) -> list[str]:
+        """This user's Python running ``code``, isolated from the cwd and the environment."""
+        return [*isolated_python(self.python, self.import_root, code), *args]
 
     def wrap(self, argv: list[str], fds: str = "") -> list[str]:
         if fds:
@@ -82,7 +87,9 @@ class User:
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *argv]
 
     def run(self, argv: list[str], fds: str = "") -> subprocess.CompletedProcess:
-        return subprocess.run(self.wrap(argv, fds), capture_output=True, text=True, env=self.env, timeout=120)
+        # cwd "/": nothing in the caller's directory is looked at (the drivers also run -I).
+        return subprocess.run(self.wrap(argv, fds), capture_output=True, text=True, env=self.env, timeout=120,
+                              cwd="/")
 
     def workdir(self, scratch: Path) -> str:
         path = Path(tempfile.mkdtemp(prefix=f"work-{self.name}-", dir=scratch))
@@ -116,10 +123,10 @@ def _sandboxed(user: User, path: str, tier: Tier, workdir: str, argv: list[str],
         flags = ["--verbose", "--tier", tier.name, "--allow-degraded", "--workdir", workdir]
         for fd in preserve:
             flags += ["--preserve-fd", str(fd)]
-        out = user.run([user.python, "-m", "sandbox", "run", *flags, "--", *argv], fds)
+        out = user.run(user.python_argv(CLI_MAIN, "run", *flags, "--", *argv), fds)
         return _tier_from_verbose(out.stderr), out, _json_line(out.stdout)
     params = {"profile": "strict", "workdir": workdir, "tier": tier.name, "argv": argv, "preserve": preserve}
-    out = user.run([user.python, "-c", LIBRARY_DRIVER, json.dumps(params)], fds)
+    out = user.run(user.python_argv(LIBRARY_DRIVER, json.dumps(params)), fds)
     driver = _json_line(out.stdout) or {}
     inner = subprocess.CompletedProcess(argv, driver.get("returncode", out.returncode),
                                         driver.get("stdout", ""), driver.get("stderr", out.stderr))
@@ -209,13 +216,13 @@ def run_verification() -> dict:
     cases: list[CaseResult] = []
     try:
         me = User("root" if os.geteuid() == 0 else f"uid {os.geteuid()}", None, sys.executable,
-                  {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                  dict(os.environ), import_root())
         users = [me]
         if os.geteuid() == 0:
             staged = stage_package_copy(Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch)))
             users.append(User("nobody", UNPRIV_UID, SYSTEM_PYTHON,
-                              {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(staged),
-                               "HOME": str(staged), "LANG": "C.UTF-8"}))
+                              {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(staged),
+                               "LANG": "C.UTF-8"}, str(staged)))
         control = _json_line(me.run([SYSTEM_PYTHON, "-I", "-S", "-c", source("syscalls")]).stdout) or {}
         for user in users:
             for path in ("cli", "library"):

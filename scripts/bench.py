@@ -52,7 +52,11 @@ def run(argv: list[str], **kw) -> Callable[[], object]:
 
 def sbx_cli() -> list[str]:
     script = Path(sys.executable).with_name("sbx")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sandbox"]
+    if script.exists():
+        return [str(script)]
+    from sandbox.integrity import CLI_MAIN, import_root, isolated_python
+
+    return isolated_python(sys.executable, import_root(), CLI_MAIN)
 
 
 ALLOW_ALL_BPF = (6).to_bytes(2, "little") + bytes(2) + (0x7FFF0000).to_bytes(4, "little")  # ret ALLOW

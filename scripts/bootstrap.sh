@@ -32,7 +32,7 @@ fi
 sbx_stamp="$SBX_VENV/.sbx-installed"
 if [ ! -x "$SBX_VENV/bin/sbx" ] || [ ! -f "$sbx_stamp" ] || [ "$sbx_repo/pyproject.toml" -nt "$sbx_stamp" ]; then
   echo "sbx: preparing $SBX_VENV" >&2
-  "$sbx_python" -m venv "$SBX_VENV" >&2
-  "$SBX_VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$sbx_repo[test]" >&2
+  "$sbx_python" -I -m venv "$SBX_VENV" >&2
+  "$SBX_VENV/bin/python" -I -m pip install -q --disable-pip-version-check -e "$sbx_repo[test]" >&2
   touch "$sbx_stamp"
 fi

@@ -31,15 +31,19 @@ def _shared_dir(prefix: str) -> Path:
 
 @dataclass
 class Runner:
-    """Runs ``python -m sandbox`` as one user, with fds passed through unchanged."""
+    """Runs the sbx CLI as one user (isolated from the cwd, as sbx runs its own Python),
+    with fds passed through unchanged."""
 
     label: str
     python: str
     env: dict
+    import_root: str
     uid: int | None = None
 
     def argv(self, *args: str) -> list[str]:
-        base = [self.python, "-m", "sandbox", *args]
+        from sandbox.integrity import CLI_MAIN, isolated_python
+
+        base = [*isolated_python(self.python, self.import_root, CLI_MAIN), *args]
         if self.uid is None:
             return base
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *base]
@@ -62,11 +66,22 @@ class Runner:
         return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def neutral_cwd():
+    """Run the suite from a scratch directory, not the checkout: sbx refuses to make its own
+    installation (the checkout) a writable workdir, and commands default to the cwd."""
+    path = _shared_dir("sbx-cwd-")
+    previous = os.getcwd()
+    os.chdir(path)
+    yield path
+    os.chdir(previous)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def root_runner() -> Runner:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-    env["PYTHONPATH"] = str(REPO)
-    return Runner("root", sys.executable, env)
+    return Runner("root", sys.executable, env, str(REPO))
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +92,8 @@ def unpriv_runner() -> Runner:
     from sandbox.verify import stage_package_copy
 
     home = stage_package_copy(_shared_dir("sbx-unpriv-"))
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(home), "HOME": str(home),
-           "LANG": "C.UTF-8"}
-    yield Runner("nobody", SYSTEM_PYTHON, env, uid=UNPRIV_UID)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    yield Runner("nobody", SYSTEM_PYTHON, env, str(home), uid=UNPRIV_UID)
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -64,7 +64,7 @@ def test_tier_above_the_host_is_refused(root_runner, tmp_path, monkeypatch):
     env = dict(root_runner.env, SBX_BWRAP="/nonexistent/bwrap", SBX_CACHE_DIR=str(tmp_path / "cache"))
     from conftest import Runner
 
-    no_bwrap = Runner("nobwrap", root_runner.python, env)
+    no_bwrap = Runner("nobwrap", root_runner.python, env, root_runner.import_root)
     assert_clean_error(no_bwrap.run("run", "--tier", "KernelFull", "--workdir", str(tmp_path), "--", "true"),
                        "tier", "KernelFull", "EnvironmentOnly")
     assert_clean_error(no_bwrap.run("run", "--workdir", str(tmp_path), "--", "true"),

@@ -131,12 +131,15 @@ def test_rlimits_from_the_profile(tmp_path):
     result = Sandbox("strict", tmp_path).run(["python3", "-I", "-S", "-c", read_limits],
                                              capture_output=True, text=True)
     assert result.stdout.split() == ["1024", "0", "4096"]
-    profile = tmp_path / "cpu.toml"
+    profile = tmp_path / "profiles" / "cpu.toml"  # outside the workdir: sbx refuses a writable profile
+    profile.parent.mkdir()
     profile.write_text('extends = "strict"\n[rlimits]\ncpu = 1\nfsize = 4096\nnofile = 64\n')
-    limited = Sandbox(str(profile), tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    limited = Sandbox(str(profile), work)
     spin = limited.run(["python3", "-I", "-S", "-c", "while True: pass"], timeout=20)
     assert spin.returncode in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)  # soft == hard: the kernel may KILL
-    big = limited.run(["sh", "-c", "head -c 8192 /dev/zero > big"])
+    big = limited.run(["sh", "-c", "head -c 8192 /dev/zero > big"])  # in work/
     assert big.returncode == 128 + signal.SIGXFSZ
     assert limited.run(["sh", "-c", "ulimit -n"], capture_output=True, text=True).stdout == "64\n"
 

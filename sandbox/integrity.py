@@ -1,0 +1,90 @@
+"""What a sandboxed command must never be able to write: the host state sbx trusts later.
+
+A later run reads sbx's package and interpreter, its profiles, its per-user cache and the
+bwrap binary. If a writable bind overlapped any of them, a command could change what the
+next run enforces or run its own code on the host. ``protected_paths`` names them; the
+planner refuses any writable workdir or bind that contains one of them, equals one, or
+lies inside one (compared by device and inode along the whole ancestry, so a symlink or
+a second mount of the same directory does not get past the check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import cache
+from .hostview import Protected, protect
+
+
+def installation_paths() -> list[tuple[str, str]]:
+    """sbx's own code: the package, the directory it was imported from (a site-packages
+    or the checkout), and the interpreter's prefixes (a venv's included)."""
+    package = os.path.dirname(os.path.realpath(__file__))
+    found = [("sbx's package", package), ("the directory sbx is imported from", os.path.dirname(package))]
+    for label, prefix in (("the Python environment running sbx", sys.prefix),
+                          ("the Python installation running sbx", sys.base_prefix)):
+        found.append((label, prefix))
+    found.append(("the Python interpreter running sbx", sys.executable))
+    return found
+
+
+def protected_paths(profile_files: tuple[str, ...] = (), bwrap: str | None = None) -> tuple[Protected, ...]:
+    """Every host path a later run trusts; see the module docstring."""
+    from .profile import profile_dirs
+
+    entries = installation_paths()
+    entries += [("a directory sbx loads profiles from", d) for d in profile_dirs()]
+    entries += [("the profile this run loads", f) for f in profile_files]
+    entries += [("sbx's cache", d) for d in cache.candidates()]
+    if bwrap:
+        entries.append(("the bwrap binary sbx runs", bwrap))
+    seen: dict[str, Protected] = {}
+    for label, path in entries:
+        if path and os.path.isabs(path):
+            entry = protect(label, path)
+            seen.setdefault(entry.path, entry)
+    return tuple(seen.values())
+
+
+def overlap(chain: tuple, protected: Protected) -> str | None:
+    """How a writable path with identity ``chain`` overlaps ``protected``, or None.
+
+    "contains": the writable path is the protected one or one of its ancestors (so the
+    command could replace or rename what a later run reads); "inside": it lies beneath it.
+    """
+    if not chain:
+        return None
+    if chain[0] in protected.chain:
+        return "contains"
+    if protected.exists and protected.chain and protected.chain[0] in chain:
+        return "inside"
+    return None
+
+
+def overlaps(chain: tuple, protected: tuple[Protected, ...]) -> list[tuple[str, Protected]]:
+    """Every protected path the writable path with identity ``chain`` overlaps, and how."""
+    found = []
+    for entry in protected:
+        how = overlap(chain, entry)
+        if how:
+            found.append((how, entry))
+    return found
+
+
+
+def isolated_python(python: str, import_root: str, code: str) -> list[str]:
+    """argv that runs ``code`` in ``python`` isolated from the cwd and the environment
+    (``-I``: no cwd or script directory on sys.path, no PYTHON* variables, no user site),
+    importing sbx from ``import_root`` only. Every Python process sbx starts on the host
+    goes through here, so a module planted in the caller's directory is never imported."""
+    boot = f"import sys; sys.path.insert(0, {import_root!r})\n"
+    return [python, "-I", "-c", boot + code]
+
+
+def import_root() -> str:
+    """The directory this copy of sbx is imported from."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+CLI_MAIN = "from sandbox.cli import entry; entry()"
