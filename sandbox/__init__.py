@@ -15,7 +15,7 @@ _EXPORTS = {
     "PreservedFdError": "errors", "TierError": "errors", "TierBelowFloorError": "errors",
     "HostError": "errors", "SetupError": "errors", "ExecutableDigestError": "errors",
     "WorkdirError": "errors", "BindError": "errors",
-    "CommandNotFound": "launch", "CommandNotExecutable": "launch",
+    "CommandNotFound": "errors", "CommandNotExecutable": "errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

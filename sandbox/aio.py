@@ -55,7 +55,7 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
         transport, protocol = await loop.subprocess_exec(
             lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=limit, loop=loop),
             *prepared.argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=prepared.pass_fds,
-            close_fds=True, cwd=prepared.cwd, env={}, start_new_session=True)
+            close_fds=True, env={}, start_new_session=True)
     except BaseException:
         status.close()
         raise

@@ -93,3 +93,19 @@ class SetupError(SandboxError):
 class ExecutableDigestError(SandboxError):
     code = "exe-digest"
     default_remedy = "check that the executable is the one you reviewed, then pass its digest"
+
+
+class CommandNotFound(SandboxError):
+    """Stage 2 found no such command on the sandbox's PATH (exit 127)."""
+
+    code = "command-not-found"
+    default_remedy = "check the command's name and that its directory is visible in the profile"
+    exit_status = 127
+
+
+class CommandNotExecutable(SandboxError):
+    """The command exists but could not be executed (exit 126)."""
+
+    code = "command-not-executable"
+    default_remedy = "check the file's execute permission and, for scripts, that the interpreter is visible"
+    exit_status = 126

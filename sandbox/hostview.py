@@ -9,11 +9,10 @@ that looks; tests build ``HostView`` values by hand.
 from __future__ import annotations
 
 import os
-import sys
 from collections import namedtuple
 
 MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-DEFAULT_STAGE2_PYTHONS = ("/usr/bin/python3",)
+STAGE2_HELPER = "sbx-stage2"  # built into the package by setup.py from stage2.c
 
 
 class HostPath(namedtuple("HostPath", "kind target real is_dir chain", defaults=("", "", False, ()))):
@@ -35,9 +34,9 @@ class Protected(namedtuple("Protected", "label path chain exists")):
     __slots__ = ()
 
 
-class HostView(namedtuple("HostView", "paths python_candidates uid gid protected", defaults=((), 0, 0, ()))):
-    """The host facts planning needs: every path it asks about, interpreters for stage 2,
-    ids, and the paths no writable bind may overlap."""
+class HostView(namedtuple("HostView", "paths stage2_helper uid gid protected", defaults=("", 0, 0, ()))):
+    """The host facts planning needs: every path it asks about, where the stage 2 helper
+    is ("" when missing), ids, and the paths no writable bind may overlap."""
 
     __slots__ = ()
 
@@ -88,7 +87,11 @@ def protect(label: str, path: str) -> Protected:
 
 def observe(paths, protected=()) -> HostView:
     seen = {p: inspect_path(p) for p in dict.fromkeys(paths)}
-    pythons = [os.path.realpath(sys.executable)]
-    pythons += [os.path.realpath(p) for p in DEFAULT_STAGE2_PYTHONS if os.path.exists(p)]
-    return HostView(paths=seen, python_candidates=tuple(dict.fromkeys(pythons)),
+    helper = stage2_helper_path()
+    return HostView(paths=seen, stage2_helper=helper if os.access(helper, os.X_OK) else "",
                     uid=os.getuid(), gid=os.getgid(), protected=tuple(protected))
+
+
+def stage2_helper_path() -> str:
+    """The installed stage 2 helper's canonical path (it may be missing)."""
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), STAGE2_HELPER)

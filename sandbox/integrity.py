@@ -26,7 +26,30 @@ def installation_paths() -> list[tuple[str, str]]:
                           ("the Python installation running sbx", sys.base_prefix)):
         found.append((label, prefix))
     found.append(("the Python interpreter running sbx", sys.executable))
+    source = installed_from()
+    if source:
+        found.append(("the checkout sbx was installed from (its next install runs its code)", source))
     return found
+
+
+def installed_from() -> str | None:
+    """The local directory pip installed this copy of sbx from (PEP 610's direct_url.json),
+    e.g. the checkout that scripts/bootstrap.sh reinstalls from when its sources change."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    try:
+        infos = [e for e in os.listdir(root) if e.startswith("sbx-") and e.endswith(".dist-info")]
+    except OSError:
+        return None
+    for info in infos:
+        try:
+            with open(os.path.join(root, info, "direct_url.json"), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        url = _json_string(text, "url")
+        if url and url.startswith("file://"):
+            return _percent_decode(url[len("file://"):]) or None
+    return None
 
 
 def protected_paths(profile_files: tuple[str, ...] = (), bwrap: str | None = None) -> tuple[Protected, ...]:
@@ -88,3 +111,51 @@ def import_root() -> str:
 
 
 CLI_MAIN = "from sandbox.cli import entry; entry()"
+
+
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _json_string(text: str, key: str) -> str | None:
+    """The string value of ``key`` in a small flat JSON object, without importing json
+    (and the re module it pulls in) on every tool call's start-up."""
+    at = text.find(f'"{key}"')
+    if at < 0:
+        return None
+    at = text.find('"', text.find(":", at) + 1)
+    if at < 0:
+        return None
+    out, i = [], at + 1
+    while i < len(text):
+        char = text[i]
+        if char == '"':
+            return "".join(out)
+        if char == "\\":
+            code = text[i + 1:i + 2]
+            if code == "u":
+                try:
+                    out.append(chr(int(text[i + 2:i + 6], 16)))
+                except ValueError:
+                    return None
+                i += 6
+                continue
+            if code not in _JSON_ESCAPES:
+                return None
+            out.append(_JSON_ESCAPES[code])
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+    return None
+
+
+def _percent_decode(text: str) -> str:
+    raw, i = bytearray(), 0
+    while i < len(text):
+        if text[i] == "%" and i + 2 < len(text) and all(c in "0123456789abcdefABCDEF" for c in text[i + 1:i + 3]):
+            raw.append(int(text[i + 1:i + 3], 16))
+            i += 3
+        else:
+            raw += text[i].encode("utf-8", "surrogateescape")
+            i += 1
+    return os.fsdecode(bytes(raw))

@@ -5,100 +5,41 @@ cannot drift apart. Everything bwrap and stage 2 need travels through descriptor
 (memfds and a pipe), never through a path another user could read or swap:
 
     --args FD      bwrap's own arguments, NUL-separated (memfd)
-    CONFIG_FD      stage 2's configuration, marshal-encoded (memfd)
-    seccomp FD     the compiled BPF programs (memfd)
+    CONFIG_FD      stage 2's configuration, ``stage2_wire.encode_config`` (memfd)
+    seccomp FD     the compiled BPF programs, framed (memfd)
     status FD      stage 2 -> parent: started / note / error (pipe, close-on-exec in stage 2)
 
 Each is created close-on-exec and passed to the child alone through ``pass_fds``, so a
-spawn in another thread cannot inherit it.
+spawn in another thread cannot inherit it. Stage 2 itself is the compiled helper
+``sbx-stage2``; bwrap places it inside at its own host path (see ``plan._bwrap_args``).
 """
 
 from __future__ import annotations
 
-import marshal
 import os
 import signal
 import subprocess
 
-from . import stage2
-from .errors import EXIT_SBX_ERROR, PreservedFdError, SandboxError, SetupError
+from .errors import (
+    EXIT_SBX_ERROR,
+    CommandNotExecutable,
+    CommandNotFound,
+    PreservedFdError,
+    SandboxError,
+    SetupError,
+    UsageError,
+)
+from .fds import FdFlagError, make_files_inheritable, memfd_with, restore_cloexec
 from .plan import LaunchPlan
-
-_STAGE2_SOURCE: str | None = None
-_STAGE2_CODE: dict[str, bytes | None] = {}
-# Stage 2 arrives precompiled: -c runs this loader, which executes the code object in the
-# memfd named by the last argument. Compiling stage 2's source on every call would cost
-# more than a millisecond of every tool call's start-up.
-STAGE2_LOADER = "import marshal,os,sys;exec(marshal.loads(os.pread(int(sys.argv[-1]),1<<22,0)))"
-_COMPILER = ("import marshal,sys;sys.stdout.buffer.write(marshal.dumps("
-             "compile(sys.stdin.read(),'sbx-stage2','exec')))")
-
-
-def stage2_source() -> str:
-    global _STAGE2_SOURCE
-    if _STAGE2_SOURCE is None:
-        with open(stage2.__file__, encoding="utf-8") as f:
-            _STAGE2_SOURCE = f.read()
-    return _STAGE2_SOURCE
-
-
-def stage2_code(python: str) -> bytes | None:
-    """Stage 2 compiled by ``python`` itself (marshal is version-specific), cached per user
-    by interpreter and source; None when it cannot be had, and the source is sent instead."""
-    if python in _STAGE2_CODE:
-        return _STAGE2_CODE[python]
-    from . import cache
-
-    source = stage2_source()
-    try:
-        info = os.stat(python)
-        key = cache.digest(f"{os.path.realpath(python)}|{info.st_size}|{info.st_mtime_ns}|{source}")
-    except OSError:
-        _STAGE2_CODE[python] = None
-        return None
-    name = f"stage2-{key}.marshal"
-    code = cache.read(name)
-    if not code:
-        try:
-            out = subprocess.run([python, "-I", "-S", "-c", _COMPILER], input=source.encode(),
-                                 capture_output=True, timeout=30)
-            code = out.stdout if out.returncode == 0 and out.stdout else None
-        except (OSError, subprocess.TimeoutExpired):
-            code = None
-        if code:
-            cache.write(name, code)
-    _STAGE2_CODE[python] = code
-    return code
-
-
-class CommandNotFound(SandboxError):
-    code = "command-not-found"
-    default_remedy = "check the command's name and that its directory is visible in the profile"
-    exit_status = stage2.EXIT_NOT_FOUND
-
-
-class CommandNotExecutable(SandboxError):
-    code = "command-not-executable"
-    default_remedy = "check the file's execute permission and, for scripts, that the interpreter is visible"
-    exit_status = stage2.EXIT_NOT_EXECUTABLE
-
-
-def _memfd_with(name: str, data: bytes) -> int:
-    # Safe: a fresh anonymous file owned by this process, close-on-exec until passed.
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+from .stage2_wire import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, encode_config, parse_status
 
 
 class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
-    def __init__(self, argv: list[str], pass_fds: tuple[int, ...], cwd: str | None, status_read: int,
+    def __init__(self, argv: list[str], pass_fds: tuple[int, ...], status_read: int,
                  owned_fds: list[int], cleared_cloexec: list[int]) -> None:
-        self.argv, self.pass_fds, self.cwd = argv, pass_fds, cwd
+        self.argv, self.pass_fds = argv, pass_fds
         self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
 
     def close_parent_copies(self) -> None:
@@ -110,71 +51,55 @@ class PreparedLaunch:
             except OSError:
                 pass
         self.owned_fds.clear()
-        _restore_cloexec(self.cleared_cloexec)
+        restore_cloexec(self.cleared_cloexec)
         self.cleared_cloexec = []
 
 
 def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> PreparedLaunch:
     """Make the preserved fds inheritable and build every descriptor the child needs."""
+    if plan.seccomp is not None and not bpf:
+        raise SetupError("the plan needs seccomp but no compiled filter was given",
+                         "this is a bug in sbx: report it with 'sbx run --dry-run' output")
+    if plan.bwrap_args is not None and not bwrap_path:
+        raise SetupError("the plan needs bubblewrap but it was not found",
+                         "apt-get install bubblewrap, then run 'sbx doctor'")
     try:
-        cleared = stage2.make_files_inheritable(plan.preserved_fds)
-    except stage2.FdFlagError as exc:
+        cleared = make_files_inheritable(plan.preserved_fds)
+    except FdFlagError as exc:
         raise PreservedFdError(str(exc), exc.fd, exc.errno) from None
     owned: list[int] = []
     try:
         status_read, status_write = os.pipe()  # both close-on-exec
         owned.append(status_write)
         os.set_blocking(status_read, False)
-        config = plan.stage2_config()
-        config["status_fd"] = status_write
+        seccomp_fd = None
         if plan.seccomp is not None:
-            if not bpf:
-                raise SetupError("the plan needs seccomp but no compiled filter was given",
-                                 "this is a bug in sbx: report it with 'sbx run --dry-run' output")
-            config["seccomp_fd"] = _memfd_with("sbx-seccomp", bpf)
-            owned.append(config["seccomp_fd"])
-        config_fd = _memfd_with("sbx-config", marshal.dumps(config, 2))
+            seccomp_fd = memfd_with("sbx-seccomp", bpf)
+            owned.append(seccomp_fd)
+        config = encode_config(plan.stage2_config(status_write, seccomp_fd))
+        config_fd = memfd_with("sbx-config", config)
         owned.append(config_fd)
-        keep = ",".join(str(fd) for fd in plan.preserved_fds)
-        code = stage2_code(plan.stage2_python)
-        if code:
-            code_fd = _memfd_with("sbx-stage2", code)
-            owned.append(code_fd)
-            stage2_argv = [plan.stage2_python, "-I", "-S", "-c", STAGE2_LOADER, str(config_fd), keep, str(code_fd)]
-        else:
-            stage2_argv = [plan.stage2_python, "-I", "-S", "-c", stage2_source(), str(config_fd), keep]
+        stage2_argv = [plan.stage2_helper, str(config_fd), ",".join(str(fd) for fd in plan.preserved_fds)]
         if plan.bwrap_args is None:
-            argv, cwd = stage2_argv, plan.workdir
+            argv = stage2_argv
         else:
-            if not bwrap_path:
-                raise SetupError("the plan needs bubblewrap but it was not found",
-                                 "apt-get install bubblewrap, then run 'sbx doctor'")
             # bwrap takes options from --args but the command only from its own argv.
-            args = b"".join(a.encode() + b"\0" for a in plan.bwrap_args)
-            args_fd = _memfd_with("sbx-bwrap-args", args)
+            args_fd = memfd_with("sbx-bwrap-args", b"".join(a.encode() + b"\0" for a in plan.bwrap_args))
             owned.append(args_fd)
-            argv, cwd = [bwrap_path, "--args", str(args_fd), "--", *stage2_argv], None
-    except OSError as exc:
+            argv = [bwrap_path, "--args", str(args_fd), "--", *stage2_argv]
+    except (OSError, ValueError) as exc:
         for fd in owned:
             os.close(fd)
-        _restore_cloexec(cleared)
+        if "status_read" in locals():
+            os.close(status_read)
+        restore_cloexec(cleared)
+        if isinstance(exc, ValueError):
+            raise UsageError(f"cannot hand this to the sandbox: {exc}",
+                             "remove NUL bytes and '=' in variable names from the command, environment and paths") from None
         raise SetupError(f"could not prepare the launch descriptors: {exc.strerror}",
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
-                          cwd=cwd, status_read=status_read, owned_fds=owned, cleared_cloexec=cleared)
-
-
-def _restore_cloexec(fds: list[int]) -> None:
-    # Safe: only fds whose flag prepare() cleared, set back once the child has its copies
-    # (pass_fds makes them inheritable in that child regardless), so the caller's other
-    # subprocesses do not inherit them from here on.
-    import fcntl
-
-    for fd in fds:
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.fcntl(fd, fcntl.F_GETFD) | fcntl.FD_CLOEXEC)
-        except OSError:
-            pass
+                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared)
 
 
 class SandboxStatus:
@@ -183,25 +108,21 @@ class SandboxStatus:
     def __init__(self, status_read: int, uses_bwrap: bool) -> None:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
-        self.records: list = []
+        self._data = b""
         self.error: SandboxError | None = None
         self.notes: list[str] = []
 
     def drain(self) -> None:
         if self._fd is None:
             return
-        data = b""
         while True:
             try:
                 chunk = os.read(self._fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
+            except OSError:  # BlockingIOError included: nothing more for now
                 break
             if not chunk:
                 break
-            data += chunk
-        self.records += stage2.parse_frames(data)
+            self._data += chunk
 
     def close(self) -> None:
         if self._fd is not None:
@@ -209,16 +130,17 @@ class SandboxStatus:
             self._fd = None
 
     def translate(self, raw: int, killed_by_us: bool) -> int:
-        """The exit status in DESIGN.md's table for a child that ended with ``raw``."""
+        """The exit status in the README's table for a child that ended with ``raw``."""
         self.drain()
         self.close()
-        started = any(kind == b"S" for kind, _ in self.records)
-        for kind, record in self.records:
-            if kind == b"N":
-                self.notes.append(f"{record['layer']}: {record['message']}")
-            if kind == b"E":
-                self.error = _error_from_record(record)
-                return record["exit"]
+        records = parse_status(self._data)
+        started = any(r.kind == "started" for r in records)
+        for record in records:
+            if record.kind == "note":
+                self.notes.append(f"{record.layer}: {record.detail}")
+            elif record.kind == "error":
+                self.error = error_from_record(record)
+                return record.exit
         if raw < 0:
             return 128 - raw  # a signal; bwrap itself already reports 128+N this way
         if not started and not killed_by_us:
@@ -229,14 +151,17 @@ class SandboxStatus:
         return raw
 
 
-def _error_from_record(record: dict) -> SandboxError:
-    if record["exit"] == stage2.EXIT_NOT_FOUND:
-        return CommandNotFound(record["message"])
-    if record["exit"] == stage2.EXIT_NOT_EXECUTABLE:
-        return CommandNotExecutable(record["message"])
-    if record["layer"] == "preserved-fd":
-        return PreservedFdError(record["message"], -1, record.get("errno"))
-    return SetupError(f"{record['layer']}: {record['message']}")
+def error_from_record(record) -> SandboxError:
+    """The SandboxError for one stage 2 error record; the messages are written here."""
+    reason = os.strerror(record.errno) if record.errno else ""
+    if record.exit == EXIT_NOT_FOUND:
+        return CommandNotFound(record.detail)
+    if record.exit == EXIT_NOT_EXECUTABLE:
+        return CommandNotExecutable(f"{record.detail}: {reason}" if reason and reason not in record.detail
+                                    else record.detail)
+    if record.layer == "preserved-fd":
+        return PreservedFdError(f"{record.detail}: {reason}", -1, record.errno)
+    return SetupError(f"{record.layer}: {record.detail}" + (f": {reason}" if reason else ""))
 
 
 class SandboxProcess(subprocess.Popen):
@@ -259,7 +184,7 @@ class SandboxProcess(subprocess.Popen):
         self.tier = plan.tier
         try:
             super().__init__(prepared.argv, pass_fds=prepared.pass_fds, close_fds=True,
-                             cwd=prepared.cwd, env={}, start_new_session=True, **popen_kwargs)
+                             env={}, start_new_session=True, **popen_kwargs)
         except BaseException:
             self._status.close()
             raise

@@ -16,6 +16,7 @@ from .errors import BindError, HostError, SandboxError, UsageError, WorkdirError
 from .hostview import MERGED_USR_LINKS, HostView
 from .profile import Profile
 from .seccomp_policy import spec_from_profile
+from .stage2_wire import RLIMIT_NUMBERS, LandlockSpec, Stage2Config
 from .tiers import Tier
 
 RLIM_INFINITY = -1
@@ -47,19 +48,21 @@ class Mount(namedtuple("Mount", "op path source grant optional", defaults=("", N
     __slots__ = ()
 
 
-class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_python "
+class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_helper "
                             "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path",
                             defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None))):
-    """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap)."""
+    """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
+    ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None."""
 
     __slots__ = ()
 
-    def stage2_config(self) -> dict:
-        """The part of stage 2's configuration known before launch (fds are added then)."""
-        return {"preserved": list(self.preserved_fds), "cwd": self.workdir, "argv": list(self.argv),
-                "env": dict(self.env), "search_path": self.search_path,
-                "rlimits": [list(r) for r in self.rlimits], "landlock": self.landlock,
-                "exe_fd": self.exe_fd}
+    def stage2_config(self, status_fd: int, seccomp_fd: int | None) -> Stage2Config:
+        """Stage 2's configuration: this plan plus the descriptors made at launch.
+        Raises ValueError for what stage 2 cannot be given (a NUL byte, ...)."""
+        return Stage2Config(status_fd=status_fd, argv=self.argv, env=tuple(self.env.items()), cwd=self.workdir,
+                            search_path=self.search_path,
+                            rlimits=tuple((RLIMIT_NUMBERS[n], s, h) for n, s, h in self.rlimits),
+                            landlock=self.landlock, seccomp_fd=seccomp_fd, exe_fd=self.exe_fd)
 
     def describe(self) -> str:
         """The human-readable plan printed by ``sbx run --dry-run``."""
@@ -70,22 +73,22 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
             out.append("bwrap: not used (EnvironmentOnly: nothing is kernel-enforced)")
         else:
             out.append("bwrap argv: bwrap " + shlex.join(self.bwrap_args)
-                       + f" -- {self.stage2_python} -I -S -c <stage 2> CONFIG_FD KEEP")
+                       + f" -- {self.stage2_helper} CONFIG_FD KEEP")
         if self.exe_fd is not None:
             out.append(f"verified executable: {self.exe_path}, run from sealed descriptor {self.exe_fd}")
-        out.append(f"stage 2: {self.stage2_python}: fd hygiene, rlimits, no_new_privs"
+        out.append(f"stage 2: {self.stage2_helper}: fd hygiene, rlimits, no_new_privs"
                    + (", Landlock" if self.landlock else "") + (", seccomp" if self.seccomp else "")
                    + ", exec")
         if self.landlock:
-            abi = self.landlock["abi"]
+            abi = self.landlock.abi
             out.append(f"landlock: ABI {abi}; handled fs rights: "
-                       + ", ".join(ll.names(ll.FS_RIGHTS, self.landlock["fs"])))
-            for path, bits, optional in self.landlock["rules"]:
+                       + ", ".join(ll.names(ll.FS_RIGHTS, self.landlock.fs)))
+            for path, bits, optional in self.landlock.rules:
                 out.append(f"  grant {path}: {', '.join(ll.names(ll.FS_RIGHTS, bits))}"
                            + (" (if present)" if optional else ""))
-            net = ll.names(ll.NET_RIGHTS, self.landlock["net"])
+            net = ll.names(ll.NET_RIGHTS, self.landlock.net)
             out.append(f"  network: {'denied: ' + ', '.join(net) if net else 'not restricted by Landlock'}")
-            scopes = ll.names(ll.SCOPES, self.landlock["scoped"])
+            scopes = ll.names(ll.SCOPES, self.landlock.scoped)
             out.append(f"  scoped to the sandbox: {', '.join(scopes) or 'nothing'}")
             missing = ll.missing_at(abi)
             out.append(f"  not available at ABI {abi}: {', '.join(missing) or 'nothing'}")
@@ -132,11 +135,13 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     landlock = _landlock(profile, mounts, landlock_abi, share_net) if tier.uses_landlock else None
     seccomp = spec_from_profile(profile.table("seccomp"), share_net) if tier.uses_seccomp else None
     env = _environment(profile, request)
-    python = _stage2_python(host, mounts, tier)
+    if not host.stage2_helper:
+        raise HostError("sbx's stage 2 helper (sbx-stage2) is missing from its installation",
+                        "reinstall sbx (pip install builds it; it needs a C compiler: apt-get install gcc libc6-dev)")
     bwrap_args = (_bwrap_args(profile, mounts, start_dir, share_net, host, bwrap_features)
                   if tier.uses_bwrap else None)
     return LaunchPlan(tier=tier, profile_name=profile.name, argv=tuple(request.argv), workdir=start_dir,
-                      mounts=tuple(mounts), bwrap_args=bwrap_args, stage2_python=python,
+                      mounts=tuple(mounts), bwrap_args=bwrap_args, stage2_helper=host.stage2_helper,
                       preserved_fds=preserved, env=env,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
                       landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
@@ -279,6 +284,9 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
         elif m.op == "hide-dir":
             args += ["--tmpfs", m.path]
             hidden_dirs.append(m.path)
+    # Stage 2 is placed by bwrap itself at its own host path, after every other mount so
+    # that no tmpfs or hide covers it: no profile needs to show sbx's installation.
+    args += ["--ro-bind", host.stage2_helper, host.stage2_helper]
     for path in hidden_dirs:
         args += ["--remount-ro", path]
     if profile.table("filesystem")["root"] == "empty":
@@ -287,7 +295,7 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
     return tuple(args)
 
 
-def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) -> dict:
+def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) -> LandlockSpec:
     if abi < 1:
         raise HostError("the plan needs Landlock but the kernel has none",
                         "run 'sbx doctor', or choose --tier KernelSeccompOnly --allow-degraded")
@@ -298,9 +306,8 @@ def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) 
         net = ll.mask(ll.NET_RIGHTS, ll.NET_RIGHTS, abi)
     scope_names = [n for n, wanted in (("signal", settings["scope_signals"]),
                                        ("abstract_unix_socket", settings["scope_abstract_unix"])) if wanted]
-    return {"abi": abi, "fs": ll.handled_fs(abi), "net": net,
-            "scoped": ll.mask(ll.SCOPES, scope_names, abi), "rules": rules,
-            "file_rights": ll.file_rights(abi)}
+    return LandlockSpec(abi=abi, fs=ll.handled_fs(abi), net=net, scoped=ll.mask(ll.SCOPES, scope_names, abi),
+                        file_rights=ll.file_rights(abi), rules=tuple(rules))
 
 
 def _environment(profile: Profile, request: Request) -> dict[str, str]:
@@ -341,16 +348,3 @@ def _rlimits(profile: Profile) -> tuple[tuple[str, int, int], ...]:
         number = RLIM_INFINITY if value == "unlimited" else int(value)
         limits.append((RLIMIT_NAMES[key], number, number))
     return tuple(limits)
-
-
-def _stage2_python(host: HostView, mounts: list[Mount], tier: Tier) -> str:
-    if not tier.uses_bwrap:
-        return host.python_candidates[0] if host.python_candidates else "/usr/bin/python3"
-    visible = [m.path for m in mounts if m.op in ("ro-bind", "bind")]
-    for candidate in host.python_candidates:
-        if any(candidate == v or candidate.startswith(v.rstrip("/") + "/") for v in visible):
-            return candidate
-    raise HostError("no Python interpreter is visible inside the sandbox to run stage 2 "
-                    f"(tried: {', '.join(host.python_candidates) or 'none'})",
-                    "show the interpreter's directory in the profile (ro_binds = [\"/usr\"], or start it "
-                    "with extends = \"strict\"); if python3 is missing: apt-get install python3")

@@ -19,7 +19,7 @@ from . import cache
 from .errors import TierBelowFloorError, TierError
 from .tiers import Tier
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 BWRAP_ENV = "SBX_BWRAP"
 # Options newer than Debian 11's bwrap 0.4 that the planner uses when present.
 OPTIONAL_BWRAP_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -186,47 +186,71 @@ class HostProbes:
                 return int(landlock_abi_version()), ""
             except OSError as exc:
                 return 0, getattr(exc, "reason", None) or os.strerror(exc.errno or 0)
-        from . import stage2
-
         try:
-            return stage2._raw_syscall("landlock_create_ruleset", None, 0,
-                                       stage2.LANDLOCK_CREATE_RULESET_VERSION), ""
+            return raw_syscall(SYSCALL_NUMBERS["landlock_create_ruleset"], None, 0, 1), ""
         except OSError as exc:
             return 0, os.strerror(exc.errno or 0)
 
     def seccomp_and_nnp(self) -> tuple[bool, bool, str]:
-        """Install a trivial filter in a child and read back its /proc/self/status."""
-        code = (
-            "import os,sys\n"
-            f"sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})\n"
-            "from sandbox import stage2 as s\n"
-            "s.set_no_new_privs()\n"
-            "fd = os.memfd_create('probe')\n"
-            "allow = (6).to_bytes(2,'little') + bytes(2) + (0x7FFF0000).to_bytes(4,'little')\n"
-            "os.write(fd, (8).to_bytes(4,'little') + allow)\n"
-            "s.install_seccomp(fd)\n"
-            "print(open('/proc/self/status').read())\n"
-        )
+        """Run the real stage 2 helper with an allow-all filter and read back the
+        command's /proc/self/status: both layers as a launch installs them."""
+        from .fds import memfd_with
+        from .hostview import stage2_helper_path
+        from .stage2_wire import Stage2Config, encode_config, frame_programs, parse_status
+
+        allow_all = (6).to_bytes(2, "little") + bytes(2) + (0x7FFF0000).to_bytes(4, "little")  # ret ALLOW
+        helper = stage2_helper_path()
+        fds: list[int] = []
         try:
-            out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
-                                 text=True, timeout=20)
+            read_end, write_end = os.pipe()
+            fds += [read_end, write_end]
+            seccomp_fd = memfd_with("sbx-probe-bpf", frame_programs([allow_all]))
+            fds.append(seccomp_fd)
+            config = Stage2Config(status_fd=write_end, argv=("cat", "/proc/self/status"), seccomp_fd=seccomp_fd)
+            config_fd = memfd_with("sbx-probe-config", encode_config(config))
+            fds.append(config_fd)
+            out = subprocess.run([helper, str(config_fd), ""], capture_output=True, text=True, timeout=20,
+                                 pass_fds=(write_end, seccomp_fd, config_fd), env={}, cwd="/")
+            os.close(write_end)
+            fds.remove(write_end)
+            errors = [r for r in parse_status(os.read(read_end, 65536)) if r.kind == "error"]
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return False, False, str(exc)
+            return False, False, f"the stage 2 helper {helper} could not run: {exc}"
+        finally:
+            for fd in fds:
+                os.close(fd)
         status = dict(line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
         seccomp = status.get("Seccomp", "").strip() == "2"
         nnp = status.get("NoNewPrivs", "").strip() == "1"
-        detail = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["failed"])[-1]
+        detail = "" if out.returncode == 0 else (
+            f"{errors[0].layer}: {errors[0].detail}: {os.strerror(errors[0].errno)}" if errors
+            else (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1])
         return seccomp, nnp, detail
 
     def close_range_cloexec(self) -> tuple[bool, str]:
-        from . import stage2
-
         try:
             # A range far above any open descriptor: nothing is touched, only support is seen.
-            stage2._close_range(0x7FFFFFF0, 0x7FFFFFF0, stage2.CLOSE_RANGE_CLOEXEC)
+            raw_syscall(SYSCALL_NUMBERS["close_range"], 0x7FFFFFF0, 0x7FFFFFF0, 1 << 2)
             return True, ""
         except OSError as exc:
             return False, os.strerror(exc.errno or 0)
+
+
+SYSCALL_NUMBERS = {"close_range": 436, "landlock_create_ruleset": 444}  # the same on x86_64 and aarch64
+
+
+def raw_syscall(number: int, *args) -> int:
+    # Safe: used only by the probes above, with arguments that change nothing (a version
+    # query; close_range over a range where no descriptor is open). Off the launch path,
+    # so the ctypes import is paid only by doctor and cold probes.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
 
 
 def probe_host(probes: HostProbes | None = None) -> Capabilities:
@@ -292,8 +316,15 @@ def _userns_failure(sysctls: dict[str, str], stderr: str) -> tuple[str, str]:
 
 def _cache_key(probes: HostProbes) -> str:
     from .cache import digest
+    from .hostview import stage2_helper_path
 
     parts = [str(PROBE_VERSION), str(os.geteuid()), sys.executable]
+    for path in (stage2_helper_path(),):  # the seccomp probe runs it
+        try:
+            st = os.stat(path)
+            parts += [path, str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
+        except OSError:
+            parts.append(f"{path}-missing")
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             parts.append(f.read().strip())

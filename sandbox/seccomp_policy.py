@@ -14,6 +14,7 @@ from collections import namedtuple
 
 from . import cache
 from .errors import ProfileError, SetupError
+from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
 RULES_VERSION = 4
@@ -267,8 +268,3 @@ def _export(flt) -> bytes:
         flt.export_bpf(out)
         out.seek(0)
         return out.read()
-
-
-def frame_programs(programs: list[bytes]) -> bytes:
-    """Each program preceded by its length in bytes (4 bytes, little-endian)."""
-    return b"".join(len(p).to_bytes(4, "little") + p for p in programs)

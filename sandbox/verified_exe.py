@@ -38,7 +38,7 @@ class VerifiedExecutable:
 
 
 def resolve_executable(name: str, search_path: str, workdir: str) -> str:
-    from .launch import CommandNotExecutable, CommandNotFound
+    from .errors import CommandNotExecutable, CommandNotFound
 
     if "/" in name:
         candidates = [os.path.join(workdir, name)]

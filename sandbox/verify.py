@@ -65,7 +65,7 @@ def stage_package_copy(dest: Path) -> Path:
 
     shutil.copy(pyseccomp.__file__, dest / "pyseccomp.py")
     for path in [dest, *dest.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+        path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
     return dest
 
 

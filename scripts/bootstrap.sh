@@ -1,21 +1,26 @@
-# Sourced by scripts/sbx and scripts/test: make sure bubblewrap, python3 with venv, and a
-# virtual environment with sbx installed exist. As root it installs the Debian/Ubuntu
-# packages; as anyone else it prints the exact command and stops (exit 125).
-# Sets SBX_VENV to the environment's directory.
+# Sourced by scripts/sbx and scripts/test: make sure bubblewrap, a C compiler (stage 2 is a
+# small C program built at install time), python3 with venv, and a virtual environment with
+# sbx installed exist. As root it installs the Debian/Ubuntu packages; as anyone else it
+# prints the exact command and stops (exit 125). Sets SBX_VENV to the environment's directory.
+#
+# sbx is installed into the venv as a regular (not editable) package: an editable install
+# puts an import finder in front of every interpreter start. The install is redone when a
+# source file is newer than the last one.
 
 sbx_repo=$(cd "$(dirname "$0")/.." && pwd)
 SBX_VENV=${SBX_VENV:-$sbx_repo/.venv}
-# The system interpreter: /usr is visible inside the strict profile and to every uid.
+# The system interpreter: reachable by every uid.
 sbx_python=/usr/bin/python3
 [ -x "$sbx_python" ] || sbx_python=$(command -v python3 || true)
 
 sbx_missing=""
 [ -n "$sbx_python" ] || sbx_missing="$sbx_missing python3"
 command -v bwrap >/dev/null 2>&1 || sbx_missing="$sbx_missing bubblewrap"
-if [ -n "$sbx_python" ] && ! "$sbx_python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+if [ -n "$sbx_python" ] && ! "$sbx_python" -I -c 'import ensurepip, venv' >/dev/null 2>&1; then
   sbx_missing="$sbx_missing python3-venv"
 fi
 command -v setpriv >/dev/null 2>&1 || sbx_missing="$sbx_missing util-linux"
+command -v cc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ] || sbx_missing="$sbx_missing gcc libc6-dev"
 if [ -n "$sbx_missing" ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "sbx: installing:$sbx_missing" >&2
@@ -30,9 +35,18 @@ if [ -n "$sbx_missing" ]; then
 fi
 
 sbx_stamp="$SBX_VENV/.sbx-installed"
-if [ ! -x "$SBX_VENV/bin/sbx" ] || [ ! -f "$sbx_stamp" ] || [ "$sbx_repo/pyproject.toml" -nt "$sbx_stamp" ]; then
+sbx_stale() {
+  [ ! -x "$SBX_VENV/bin/sbx" ] || [ ! -f "$sbx_stamp" ] && return 0
+  [ -n "$(find "$sbx_repo/sandbox" "$sbx_repo/profiles" "$sbx_repo/pyproject.toml" "$sbx_repo/setup.py" \
+          -newer "$sbx_stamp" -not -name '*.pyc' -print -quit 2>/dev/null)" ]
+}
+if sbx_stale; then
   echo "sbx: preparing $SBX_VENV" >&2
-  "$sbx_python" -I -m venv "$SBX_VENV" >&2
-  "$SBX_VENV/bin/python" -I -m pip install -q --disable-pip-version-check -e "$sbx_repo[test]" >&2
-  touch "$sbx_stamp"
+  [ -x "$SBX_VENV/bin/python" ] || "$sbx_python" -I -m venv "$SBX_VENV" >&2
+  touch "$sbx_stamp.new"
+  # cd /: pip builds from the named directory only, and nothing in the caller's one is read.
+  (cd / && "$SBX_VENV/bin/python" -I -m pip install -q --disable-pip-version-check \
+      "$sbx_repo[test]" >&2) || exit 125
+  rm -rf "$sbx_repo/build" "$sbx_repo"/*.egg-info
+  mv "$sbx_stamp.new" "$sbx_stamp"
 fi

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent  # the checkout: README, scripts, sources
+# The suite tests the installed sbx (scripts/test runs pytest with -I): its compiled stage 2
+# exists only there.
 UNPRIV_UID = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # visible inside strict, reachable by every uid
 
@@ -80,8 +82,10 @@ def neutral_cwd():
 
 @pytest.fixture(scope="session")
 def root_runner() -> Runner:
+    from sandbox.integrity import import_root
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
-    return Runner("root", sys.executable, env, str(REPO))
+    return Runner("root", sys.executable, env, import_root())
 
 
 @pytest.fixture(scope="session")

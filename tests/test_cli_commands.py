@@ -48,7 +48,6 @@ def test_the_readme_documents_every_flag_profile_key_and_error_code():
     from pathlib import Path
 
     import sandbox.errors as errors
-    from sandbox import launch
     from sandbox.cli import COMMANDS
     from sandbox.profile import SCHEMA
 
@@ -63,7 +62,6 @@ def test_the_readme_documents_every_flag_profile_key_and_error_code():
             if table:
                 assert f"[{table}]" in readme, table
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SandboxError)]
-    classes += [launch.CommandNotFound, launch.CommandNotExecutable]
     for cls in classes:
         if cls is not errors.SandboxError:
             assert f"`{cls.code}`" in readme, cls.code

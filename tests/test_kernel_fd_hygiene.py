@@ -99,7 +99,7 @@ def _run_with_leak(tier: str, preserve: tuple[int, ...], workdir: str) -> tuple[
     plan = sandbox.plan(probe_argv(), preserve)
     prepared = prepare(plan, sandbox.capabilities.bwrap_path, sandbox._bpf)
     try:
-        out = subprocess.run(prepared.argv, pass_fds=(*prepared.pass_fds, LEAK_FD), cwd=prepared.cwd, env={},
+        out = subprocess.run(prepared.argv, pass_fds=(*prepared.pass_fds, LEAK_FD), env={},
                              capture_output=True, text=True, timeout=60)
     finally:
         prepared.close_parent_copies()

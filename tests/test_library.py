@@ -108,13 +108,12 @@ def test_the_callers_death_kills_the_sandbox(tmp_path):
     marker, argv = unique_sleep()
     code = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(REPO)!r})
         from sandbox import Sandbox
         p = Sandbox("strict", {str(tmp_path)!r}).spawn({argv!r})
         print("started", flush=True)
         time.sleep(60)
     """)
-    caller = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    caller = subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.PIPE, text=True)
     assert caller.stdout.readline() == "started\n"
     deadline = time.monotonic() + 5
     while sleepers(marker) < 2 and time.monotonic() < deadline:

@@ -21,7 +21,7 @@ HOST = HostView(
         "/work/project": HostPath("dir", real="/work/project", is_dir=True),
         "/data": HostPath("dir", real="/data", is_dir=True),
     },
-    python_candidates=("/opt/py/bin/python3", "/usr/bin/python3.11"), uid=1000, gid=1000)
+    stage2_helper="/opt/sbx/sandbox/sbx-stage2", uid=1000, gid=1000)
 FEATURES = frozenset({"clearenv", "disable-userns"})
 
 
@@ -39,40 +39,43 @@ def test_strict_bwrap_argv_is_exact():
         "--ro-bind", "/usr", "/usr", "--ro-bind-try", "/etc/passwd", "/etc/passwd",
         "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib64", "/lib64",
         "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-        "--bind", "/work/project", "/work/project", "--remount-ro", "/", "--chdir", "/work/project")
-    assert p.stage2_python == "/usr/bin/python3.11"  # /opt is not visible inside
+        "--bind", "/work/project", "/work/project",
+        "--ro-bind", "/opt/sbx/sandbox/sbx-stage2", "/opt/sbx/sandbox/sbx-stage2",  # stage 2, from anywhere
+        "--remount-ro", "/", "--chdir", "/work/project")
+    assert p.stage2_helper == "/opt/sbx/sandbox/sbx-stage2"
 
 
 def test_landlock_grants_come_from_the_same_entries_as_the_binds():
     p = plan(ro_binds=("/data",))
-    rules = {path: bits for path, bits, _ in p.landlock["rules"]}
+    rules = {path: bits for path, bits, _ in p.landlock.rules}
     bound = {p.bwrap_args[i + 2] for i, a in enumerate(p.bwrap_args) if a in ("--ro-bind", "--ro-bind-try", "--bind")}
+    bound.discard(HOST.stage2_helper)  # stage 2 runs before Landlock; the command gets no grant on it
     assert bound | {"/dev", "/proc", "/tmp", "/dev/shm"} == set(rules)
     assert rules["/usr"] == rules["/data"] == grant_mask("read", 7)
     assert rules["/work/project"] == rules["/tmp"] == sum(bit for bit, _ in FS_RIGHTS.values())
     assert not rules["/usr"] & FS_RIGHTS["write_file"][0]
-    assert p.landlock["net"] == 3  # bind_tcp and connect_tcp handled, no rule: denied
-    assert p.landlock["scoped"] == 3
+    assert p.landlock.net == 3  # bind_tcp and connect_tcp handled, no rule: denied
+    assert p.landlock.scoped == 3
 
 
 def test_share_net_drops_the_net_namespace_and_the_tcp_rules():
     p = plan(share_net=True)
     assert "--unshare-net" not in p.bwrap_args
-    assert p.landlock["net"] == 0
+    assert p.landlock.net == 0
     assert not p.seccomp.only_unix_sockets
 
 
 def test_landlock_abi_below_network_support_handles_no_net_rights():
     p = build_plan(load_profile("strict"), Tier.KernelFull, Request(("ls",), "/work/project"), HOST, 3)
-    assert p.landlock["net"] == 0 and p.landlock["scoped"] == 0
-    assert not p.landlock["fs"] & FS_RIGHTS["ioctl_dev"][0]
+    assert p.landlock.net == 0 and p.landlock.scoped == 0
+    assert not p.landlock.fs & FS_RIGHTS["ioctl_dev"][0]
 
 
 def test_seccomp_only_tier_has_no_landlock_and_environment_only_no_bwrap():
     assert plan(Tier.KernelSeccompOnly).landlock is None
     env_only = plan(Tier.EnvironmentOnly)
     assert env_only.bwrap_args is None and env_only.seccomp is None and env_only.landlock is None
-    assert env_only.stage2_python == "/opt/py/bin/python3"
+    assert env_only.stage2_helper == "/opt/sbx/sandbox/sbx-stage2"
 
 
 def test_environment_is_an_allowlist():
@@ -86,7 +89,7 @@ def test_environment_is_an_allowlist():
 def test_standard_hides_secrets_under_a_read_only_host():
     host = HostView(paths={**HOST.paths, "/etc/shadow": HostPath("file", real="/etc/shadow"),
                            "/root": HostPath("dir", real="/root", is_dir=True)},
-                    python_candidates=HOST.python_candidates, uid=0, gid=0)
+                    stage2_helper=HOST.stage2_helper, uid=0, gid=0)
     p = build_plan(load_profile("standard"), Tier.KernelSeccompOnly, Request(("ls",), "/work/project"), host, 0)
     args = p.bwrap_args
     assert args[args.index("--ro-bind"):args.index("--ro-bind") + 3] == ("--ro-bind", "/", "/")
@@ -108,7 +111,7 @@ def test_standard_hides_secrets_under_a_read_only_host():
 ])
 def test_requests_that_cannot_be_met(request_fields, error):
     host = HostView(paths={**HOST.paths, "/": HostPath("dir", real="/", is_dir=True)},
-                    python_candidates=HOST.python_candidates)
+                    stage2_helper=HOST.stage2_helper)
     fields = {"argv": ("ls",), "workdir": "/work/project", **request_fields}
     with pytest.raises(error):
         build_plan(load_profile("strict"), Tier.KernelFull, Request(**fields), host, 7)
@@ -153,8 +156,9 @@ def test_a_profile_without_a_workdir_starts_at_root(tmp_path):
 
 
 def test_status_frames_survive_a_truncated_tail():
-    from sandbox import stage2
+    from sandbox.stage2_wire import StatusRecord, parse_status
 
-    data = stage2.frame(b"S") + stage2.frame(b"E", b"\x00garbage")
-    assert stage2.parse_frames(data) == [(b"S", None)]
-    assert stage2.parse_frames(stage2.frame(b"S")[:3]) == []
+    started = b"S" + bytes(4)
+    assert parse_status(started + b"E" + (9).to_bytes(4, "little") + b"\x00garbage") == [
+        StatusRecord("started", "", "", 0, None)]
+    assert parse_status(started[:3]) == []

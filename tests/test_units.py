@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from sandbox import probes, seccomp_policy, stage2
+from sandbox import fds, probes, seccomp_policy
 from sandbox.landlock_rights import FS_RIGHTS
 from sandbox.tiers import Tier
 
@@ -93,56 +93,37 @@ class RecordingFcntl:
 
 def test_clear_cloexec_clears_the_flag():
     fake = RecordingFcntl()
-    stage2.clear_cloexec(11, fake)
+    fds.clear_cloexec(11, fake)
     assert fake.calls == [fcntl.F_GETFD, fcntl.F_SETFD] and fake.flags == 0
 
 
 def test_clear_cloexec_makes_no_second_call_when_already_clear():
     fake = RecordingFcntl(flags=0)
-    stage2.clear_cloexec(11, fake)
+    fds.clear_cloexec(11, fake)
     assert fake.calls == [fcntl.F_GETFD]
 
 
 def test_clear_cloexec_errors_name_the_fd_and_errno():
-    with pytest.raises(stage2.FdFlagError) as read_error:
-        stage2.clear_cloexec(9, RecordingFcntl(fail_get=errno.EBADF))
+    with pytest.raises(fds.FdFlagError) as read_error:
+        fds.clear_cloexec(9, RecordingFcntl(fail_get=errno.EBADF))
     assert str(read_error.value) == "failed to read fd flags for preserved file descriptor 9: Bad file descriptor"
-    with pytest.raises(stage2.FdFlagError) as set_error:
-        stage2.clear_cloexec(9, RecordingFcntl(fail_set=errno.EPERM))
+    with pytest.raises(fds.FdFlagError) as set_error:
+        fds.clear_cloexec(9, RecordingFcntl(fail_set=errno.EPERM))
     assert str(set_error.value) == ("failed to clear close-on-exec for preserved file descriptor 9: "
                                     "Operation not permitted")
 
 
 def test_clear_cloexec_on_a_number_beyond_any_fd_is_ebadf():
-    with pytest.raises(stage2.FdFlagError) as error:
-        stage2.clear_cloexec(2**40)
+    with pytest.raises(fds.FdFlagError) as error:
+        fds.clear_cloexec(2**40)
     assert "Bad file descriptor" in str(error.value)
 
 
 def test_real_fd_round_trip():
     r, w = os.pipe()
     try:
-        stage2.make_files_inheritable([r])
+        fds.make_files_inheritable([r])
         assert os.get_inheritable(r)
-    finally:
-        os.close(r)
-        os.close(w)
-
-
-def test_cloexec_gaps_skip_preserved_fds():
-    assert stage2.cloexec_gaps([]) == [(3, stage2.MAX_FD_NUMBER)]
-    assert stage2.cloexec_gaps([3, 7, 8, 20]) == [(4, 6), (9, 19), (21, stage2.MAX_FD_NUMBER)]
-
-
-def test_hygiene_falls_back_to_a_walk_when_close_range_is_missing():
-    r, w = os.pipe()
-    os.set_inheritable(r, True)
-    os.set_inheritable(w, True)
-    try:
-        def no_close_range(*_):
-            raise OSError(errno.ENOSYS, "no close_range")
-        assert stage2.mark_inherited_fds_cloexec([w], no_close_range) == "walk"
-        assert not os.get_inheritable(r) and os.get_inheritable(w)
     finally:
         os.close(r)
         os.close(w)

@@ -93,17 +93,17 @@ def test_swapping_the_file_after_the_check_changes_nothing(tmp_path, how, monkey
 def test_a_descriptor_that_cannot_be_made_inheritable_is_the_documented_error(tmp_path, monkeypatch):
     import errno
 
-    from sandbox import stage2
+    from sandbox import fds, launch
 
     sandbox = Sandbox("strict", str(tmp_path))
 
     def refuse(fd, cmd, arg=0):
-        if cmd == stage2.fcntl.F_SETFD:
+        if cmd == fds.fcntl.F_SETFD:
             raise OSError(errno.EPERM, os.strerror(errno.EPERM))
-        return stage2.fcntl.fcntl(fd, cmd)
+        return fds.fcntl.fcntl(fd, cmd)
 
-    monkeypatch.setattr(stage2, "make_files_inheritable",
-                        lambda fds, fcntl_fn=refuse: [stage2.clear_cloexec(fd, refuse) for fd in fds])
+    monkeypatch.setattr(launch, "make_files_inheritable",
+                        lambda numbers, fcntl_fn=refuse: [fds.clear_cloexec(fd, refuse) for fd in numbers])
     with pytest.raises(PreservedFdError) as error:
         sandbox.run(["uname"], exe_sha256=sha256("/usr/bin/uname"))
     assert "failed to clear close-on-exec for preserved file descriptor" in str(error.value)
