@@ -9,7 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Sandbox": "api", "SandboxResult": "api", "SandboxProcess": "launch",
+    "Sandbox": "api", "SandboxResult": "process", "SandboxProcess": "process",
     "Tier": "tiers", "Profile": "profile", "load_profile": "profile",
     "SandboxError": "errors", "UsageError": "errors", "ProfileError": "errors",
     "PreservedFdError": "errors", "TierError": "errors", "TierBelowFloorError": "errors",

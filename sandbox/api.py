@@ -8,27 +8,16 @@ plans and launches. It holds no per-call state, so one instance serves many thre
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 
 from . import hostview, probes
-from .errors import HostError, SandboxError, UsageError, WorkdirError
+from .errors import HostError, UsageError, WorkdirError
 from .integrity import protected_paths
-from .launch import SandboxProcess, launch, prepare
+from .launch import DirectProcess, prepare
 from .plan import LaunchPlan, Request, build_plan, paths_to_observe
 from .profile import Profile, load_profile
 from .seccomp_policy import compiled_bpf, spec_from_profile
 from .tiers import Tier
-
-
-class SandboxResult(subprocess.CompletedProcess):
-    """A ``CompletedProcess`` that also says which tier the command ran at."""
-
-    def __init__(self, args: object, returncode: int, stdout: object = None, stderr: object = None,
-                 tier: Tier | None = None, sandbox_error: SandboxError | None = None) -> None:
-        super().__init__(args, returncode, stdout, stderr)
-        self.tier = tier
-        self.sandbox_error = sandbox_error
 
 
 class Sandbox:
@@ -88,7 +77,7 @@ class Sandbox:
 
     def spawn(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
               env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-              **popen_kwargs: object) -> SandboxProcess:
+              **popen_kwargs: object) -> SandboxProcess:  # noqa: F821 (from .process, imported when used)
         """Start ``argv`` in the sandbox and return a ``subprocess.Popen`` for it.
 
         ``env`` adds variables to the profile's environment. stdin/stdout/stderr, text,
@@ -100,15 +89,33 @@ class Sandbox:
                 raise UsageError(f"Sandbox.spawn does not take {key}=",
                                  "the sandbox decides that; use preserve_fds/workdir/env instead")
         plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
-        if self.degraded_warning:
-            import logging
+        self._warn_if_degraded()
+        from .process import launch
 
-            logging.getLogger("sbx").warning("sbx: warning: %s", self.degraded_warning)
         try:
             return launch(plan, self.capabilities.bwrap_path, self._bpf, **popen_kwargs)
         finally:
             if exe is not None:
                 exe.close()
+
+    def start(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
+              exe_sha256: str | None = None) -> DirectProcess:
+        """Start ``argv`` with the caller's stdio and return a light handle (``wait``,
+        ``send_signal_to_command``, ``kill_sandbox``): what the CLI uses, without
+        importing ``subprocess`` or ``logging``: a below-floor warning is the caller's to print
+        (``degraded_warning``). The same preparation, status channel and exit table."""
+        plan, exe = self._plan_with_exe(argv, preserve_fds, None, exe_sha256)
+        try:
+            return DirectProcess(prepare(plan, self.capabilities.bwrap_path, self._bpf), plan)
+        finally:
+            if exe is not None:
+                exe.close()
+
+    def _warn_if_degraded(self) -> None:
+        if self.degraded_warning:
+            import logging
+
+            logging.getLogger("sbx").warning("sbx: warning: %s", self.degraded_warning)
 
     def _plan_with_exe(self, argv, preserve_fds, env, exe_sha256):
         if exe_sha256 is None:
@@ -122,12 +129,15 @@ class Sandbox:
     def run(self, argv: Sequence[str], *, input: object = None, capture_output: bool = False,
             timeout: float | None = None, check: bool = False, preserve_fds: Sequence[int] = (),
             env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-            **popen_kwargs: object) -> SandboxResult:
+            **popen_kwargs: object) -> SandboxResult:  # noqa: F821 (from .process)
         """Run ``argv`` to completion, like ``subprocess.run``.
 
         On timeout the whole sandbox is killed and ``subprocess.TimeoutExpired`` is raised.
         If the sandbox could not be set up, the ``SandboxError`` is raised.
         """
+        import subprocess
+
+        from .process import SandboxResult
         if input is not None:
             popen_kwargs["stdin"] = subprocess.PIPE
         if capture_output:
@@ -165,6 +175,7 @@ class Sandbox:
 
     # For aio.py: the same preparation the synchronous path uses.
     def _prepare(self, argv, preserve_fds, env, exe_sha256):
+        self._warn_if_degraded()
         plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
         try:
             return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf), exe

@@ -207,7 +207,7 @@ def cmd_run(args: Arguments) -> int:
     sandbox = Sandbox(args.profile, args.workdir, tier=args.tier, allow_degraded=args.allow_degraded,
                       ro_binds=args.ro_bind, binds=args.bind, share_net=args.share_net,
                       setenv=dict(args.setenv), timeout=args.timeout)
-    if sandbox.degraded_warning:
+    if sandbox.degraded_warning:  # start() does not log it: the CLI says it here, once
         print(f"sbx: warning: {sandbox.degraded_warning}", file=sys.stderr)
     if args.dry_run:
         print(sandbox.plan(command, args.preserve_fd).describe())
@@ -217,16 +217,15 @@ def cmd_run(args: Arguments) -> int:
               f"profile {sandbox.profile.name}, floor {sandbox.profile.tier_floor.name}; "
               f"landlock ABI {sandbox.capabilities.landlock_abi}; bwrap {sandbox.capabilities.bwrap_path})",
               file=sys.stderr)
-    process = sandbox.spawn(command, preserve_fds=args.preserve_fd, exe_sha256=args.exe_sha256)
+    process = sandbox.start(command, preserve_fds=args.preserve_fd, exe_sha256=args.exe_sha256)
 
     def forward(signum: int, _frame: object) -> None:
         process.send_signal_to_command(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
-        try:
-            status = process.wait(timeout=sandbox.timeout)
-        except Exception:  # subprocess.TimeoutExpired, without importing subprocess here
+        status = process.wait(timeout=sandbox.timeout)
+        if status is None:
             process.kill_sandbox()
             process.wait()
             print(f"sbx: error: timeout: the command ran longer than {sandbox.timeout:g} s; "

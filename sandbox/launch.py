@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 from .errors import (
     EXIT_SBX_ERROR,
@@ -164,72 +163,95 @@ def error_from_record(record) -> SandboxError:
     return SetupError(f"{record.layer}: {record.detail}" + (f": {reason}" if reason else ""))
 
 
-class SandboxProcess(subprocess.Popen):
-    """A ``subprocess.Popen`` for a sandboxed command.
+class DirectProcess:
+    """A sandbox started with ``os.posix_spawn``: the light handle the CLI uses.
 
-    ``returncode`` follows sbx's exit table (128+N for signal N, 125 when the sandbox could
-    not be set up, 126/127 when the command could not be run); ``sandbox_error`` then says
-    why. ``kill_sandbox()`` ends every process inside; dropping the handle of a running
-    sandbox does the same, so nothing is left behind.
+    It needs neither pipes nor ``subprocess`` (whose import, with ``locale`` and ``re``,
+    would cost every tool call several milliseconds). Everything before the spawn is the
+    library's ``prepare``; the status channel and the exit table are the same
+    ``SandboxStatus``. The child gets exactly ``pass_fds`` besides 0-2, as with
+    ``Popen(close_fds=True)``: every other inheritable descriptor of this process is closed
+    in the child by a spawn file action.
     """
 
-    tier = None
-    sandbox_error: SandboxError | None = None
-    timed_out = False
-
-    def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan, **popen_kwargs) -> None:
+    def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan) -> None:
         self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None)
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self.tier = plan.tier
+        self.returncode: int | None = None
+        self.sandbox_error: SandboxError | None = None
         try:
-            super().__init__(prepared.argv, pass_fds=prepared.pass_fds, close_fds=True,
-                             env={}, start_new_session=True, **popen_kwargs)
-        except BaseException:
+            actions = _close_other_fds(set(prepared.pass_fds))
+            for fd in prepared.owned_fds:
+                os.set_inheritable(fd, True)  # ours, closed right after the spawn
+            self.pid = os.posix_spawn(prepared.argv[0], prepared.argv, {}, file_actions=actions, setsid=True,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except OSError as exc:
             self._status.close()
-            raise
+            raise SetupError(f"could not start {prepared.argv[0]}: {exc.strerror}", "run 'sbx doctor'") from None
         finally:
             prepared.close_parent_copies()
-
-    def _handle_exitstatus(self, sts, *args, **kwargs) -> None:  # called by wait()/poll()
-        super()._handle_exitstatus(sts, *args, **kwargs)
-        if self.returncode is not None and getattr(self, "_status", None) is not None:
-            self.returncode = self._status.translate(self.returncode, self._killed_by_us)
-            self.sandbox_error = self._status.error
+        self._pidfd = os.pidfd_open(self.pid)
 
     @property
     def notes(self) -> list[str]:
         return self._status.notes
 
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit status (sbx's table), or None when ``timeout`` seconds passed first."""
+        if self.returncode is None:
+            import select
+
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            while not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
+                if timeout is not None:
+                    return None
+            _, raw = os.waitpid(self.pid, 0)
+            os.close(self._pidfd)
+            status = os.waitstatus_to_exitcode(raw)
+            self.returncode = self._status.translate(status, self._killed_by_us)
+            self.sandbox_error = self._status.error
+        return self.returncode
+
     def send_signal_to_command(self, signum: int) -> None:
         """Deliver ``signum`` to the command itself (not to bwrap, which would just die)."""
-        targets = command_pids(self.pid, self._uses_bwrap) if self.returncode is None else []
-        if not targets:
-            targets = [self.pid]
-        for pid in targets:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        if self.returncode is None:
+            signal_command(self.pid, self._uses_bwrap, signum)
 
     def kill_sandbox(self) -> None:
         """SIGKILL every process in the sandbox, grandchildren included."""
-        if self.returncode is not None:
-            return
-        self._killed_by_us = True
-        kill_sandbox_tree(self.pid, self._uses_bwrap)
+        if self.returncode is None:
+            self._killed_by_us = True
+            kill_sandbox_tree(self.pid, self._uses_bwrap)
 
-    def __del__(self) -> None:
-        if getattr(self, "returncode", 0) is None and getattr(self, "pid", None):
+
+def _close_other_fds(keep: set[int]) -> list[tuple]:
+    """posix_spawn file actions closing, in the child, every inheritable fd >= 3 not kept."""
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError as exc:
+        raise SetupError(f"cannot list this process's descriptors in /proc/self/fd: {exc.strerror}",
+                         "mount /proc, or use the library's Sandbox.spawn") from None
+    actions = []
+    for fd in open_fds:
+        if fd > 2 and fd not in keep:
             try:
-                self.kill_sandbox()
-                self.wait(timeout=5)
-            except Exception:
-                pass
-        status = getattr(self, "_status", None)
-        if status is not None:
-            status.close()
-        super().__del__()
+                if os.get_inheritable(fd):
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:
+                pass  # the listing's own descriptor, already closed
+    return actions
+
+
+def signal_command(pid: int, uses_bwrap: bool, signum: int) -> None:
+    """Deliver ``signum`` to the sandboxed command(s) rooted at ``pid``."""
+    for target in command_pids(pid, uses_bwrap) or [pid]:
+        try:
+            os.kill(target, signum)
+        except ProcessLookupError:
+            pass
 
 
 def kill_sandbox_tree(pid: int, uses_bwrap: bool) -> None:
@@ -281,13 +303,3 @@ def _descendants(pid: int) -> list[int]:
                 found.append(child)
                 queue.append(child)
         return found
-
-
-def launch(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None, **popen_kwargs) -> SandboxProcess:
-    """Start ``plan``. Popen keyword arguments (stdio, text, ...) pass through."""
-    prepared = prepare(plan, bwrap_path, bpf)
-    try:
-        return SandboxProcess(prepared, plan, **popen_kwargs)
-    except OSError as exc:
-        raise SetupError(f"could not start {prepared.argv[0]}: {exc.strerror}",
-                         "run 'sbx doctor'") from None

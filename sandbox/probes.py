@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import subprocess
 import sys
 from collections import namedtuple
 
@@ -146,6 +145,8 @@ class HostProbes:
         return os.path.realpath(found) if found else None
 
     def bwrap_version(self, bwrap: str) -> str:
+        import subprocess  # probes run only on a cache miss or in doctor: off the launch path
+
         try:
             out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
@@ -157,6 +158,8 @@ class HostProbes:
         true = which("true", TRUSTED_BWRAP_DIRS) or "/bin/true"
         argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
                 "--proc", "/proc", *extra, "--", true]
+        import subprocess
+
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -194,6 +197,8 @@ class HostProbes:
     def seccomp_and_nnp(self) -> tuple[bool, bool, str]:
         """Run the real stage 2 helper with an allow-all filter and read back the
         command's /proc/self/status: both layers as a launch installs them."""
+        import subprocess
+
         from .fds import memfd_with
         from .hostview import stage2_helper_path
         from .stage2_wire import Stage2Config, encode_config, frame_programs, parse_status

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Startup and syscall-cost benchmark: sbx against bare bwrap, measured in the same run.
 
-    python scripts/bench.py            # a table of medians, p95s and ratios to bare bwrap
+    .venv/bin/python scripts/bench.py            # a table of medians, p95s and ratios to bare bwrap
     python scripts/bench.py --json     # the same for machines
     python scripts/bench.py --quick    # fewer rounds
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -23,15 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import logging  # noqa: E402
-
-from sandbox import Sandbox  # noqa: E402
+from sandbox import Sandbox  # the installed sbx: run this with the venv's python (see the README)
 
 logging.getLogger("sbx").setLevel(logging.ERROR)  # row 5b runs below strict's floor on purpose
-from sandbox.launch import stage2_source  # noqa: E402
 
 DEVNULL = subprocess.DEVNULL
 DD = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=1000000", "status=none"]  # ~2M read/write calls
@@ -87,7 +82,6 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
     bwrap = strict.capabilities.bwrap_path
     plan = strict.plan(["true"])
     bare_bwrap = [bwrap, *plan.bwrap_args, "--", "true"]
-    stage2_noop = [bwrap, *plan.bwrap_args, "--", plan.stage2_python, "-I", "-S", "-c", "import ctypes"]
     cli = [*sbx_cli(), "run", "--profile", "strict", "--workdir", workdir, "--", "true"]
     rows = {
         "1 bare true": run(["true"]),
@@ -96,13 +90,11 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
         "4 Sandbox.run(['true']) warm, strict": quiet(strict, ["true"]),
         "5a Sandbox.run(['true']) warm, standard": quiet(standard, ["true"]),
         "5b Sandbox.run(['true']) warm, strict at KernelSeccompOnly": quiet(seccomp_only, ["true"]),
-        "p bwrap running python -I -S -c 'import ctypes' (a Python stage 2's floor)": run(stage2_noop),
-        "p bwrap running python -I -S -c 'import _ctypes' (stage 2's interpreter start)": run(
-            [*stage2_noop[:-1], "import _ctypes"]),
         "p python -I -S -c pass (interpreter start)": run([sys.executable, "-I", "-S", "-c", "pass"]),
-        "p python -c pass (front end interpreter start, with site)": run([sys.executable, "-c", "pass"], cwd="/"),
-        "p python -c 'import sandbox.cli, sandbox.api' (front end start and imports)": run(
-            [sys.executable, "-c", "import sandbox.cli, sandbox.api"], cwd="/"),
+        "p python -I -c pass (front end interpreter start, with the venv's site)": run(
+            [sys.executable, "-I", "-c", "pass"], cwd="/"),
+        "p python -I -c 'import sandbox.cli, sandbox.api' (front end start and imports)": run(
+            [sys.executable, "-I", "-c", "import sandbox.cli, sandbox.api"], cwd="/"),
     }
     notes = {"bwrap": " ".join(bare_bwrap[:6]) + " ..."}
     if heavy:
@@ -134,11 +126,30 @@ def in_process_phases(workdir: str, rounds: int) -> dict[str, float]:
         prep_t.append(time.perf_counter() - start)
         prepared.close_parent_copies()
         os.close(prepared.status_read)
-    sizes = len(stage2_source())
     return {"planning (Sandbox.plan)": statistics.median(plan_t) * 1000,
             "BPF from the cache (compiled_bpf)": statistics.median(bpf_t) * 1000,
             "descriptors: memfds, pipe, config (prepare)": statistics.median(prep_t) * 1000,
-            "stage 2 source size, bytes": sizes}
+            "stage 2 helper size, bytes": os.path.getsize(sb.plan(["true"]).stage2_helper)}
+
+
+def spawn_async_throughput(workdir: str, total: int = 200, concurrency: int = 16) -> float:
+    """spawn_async of ``true``, ``concurrency`` at a time: completed sandboxes per second."""
+    import asyncio
+
+    async def main() -> float:
+        sb = Sandbox("strict", workdir)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one() -> None:
+            async with gate:
+                process = await sb.spawn_async(["true"])
+                await process.wait()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(total)))
+        return total / (time.perf_counter() - start)
+
+    return asyncio.run(main())
 
 
 def main() -> int:
@@ -167,6 +178,7 @@ def main() -> int:
                 if i >= 1:
                     samples[name].append(t)
         phases = in_process_phases(workdir, rounds)
+        throughput = spawn_async_throughput(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     base = statistics.median(samples["2 bare bwrap (strict's namespaces and mounts)"])
@@ -183,7 +195,8 @@ def main() -> int:
         s = next(r for r in table if r["row"].startswith(boxed))
         heavy_ratios[s["row"]] = round(s["median_ms"] / b["median_ms"], 3)
     report = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release, "python": sys.version.split()[0]},
-              "rows": table, "heavy_ratio_to_bare": heavy_ratios, "in_process_ms": phases, "notes": notes}
+              "rows": table, "heavy_ratio_to_bare": heavy_ratios, "in_process_ms": phases,
+              "spawn_async_per_second": round(throughput, 1), "notes": notes}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -193,6 +206,7 @@ def main() -> int:
     print("\nsyscall-heavy workloads, ratio to bare:")
     for name, ratio in heavy_ratios.items():
         print(f"  {name}: {ratio:.3f}x")
+    print(f"\nspawn_async throughput of true (16 at a time): {throughput:.0f} per second")
     print("\nin-process phases (median ms):")
     for name, value in phases.items():
         print(f"  {name}: {value:.3f}")
