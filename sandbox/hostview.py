@@ -15,18 +15,22 @@ MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 STAGE2_HELPER = "sbx-stage2"  # built into the package by setup.py from stage2.c
 
 
-class HostPath(namedtuple("HostPath", "kind target real is_dir chain", defaults=("", "", False, ()))):
+class HostPath(namedtuple("HostPath", "kind target real is_dir chain clean_parent",
+                          defaults=("", "", False, (), True))):
     """kind: dir, file, symlink, missing or other; target: a link's text; real: realpath;
     is_dir: after following links; chain: the (st_dev, st_ino) of ``real`` and of each of
-    its ancestors up to ``/`` -- for a missing path, of its deepest existing ancestor up."""
+    its ancestors up to ``/`` -- for a missing path, of its deepest existing ancestor up;
+    clean_parent: the directory holding it is reached without any symlink."""
 
     __slots__ = ()
 
 
-class Protected(namedtuple("Protected", "label path chain exists")):
-    """A host path that a later sbx run trusts (its package, venv, profiles, cache, bwrap).
+class Protected(namedtuple("Protected", "label path chain exists tree", defaults=(True,))):
+    """A host path no writable bind may overlap: what a later sbx run trusts (its package,
+    venv, profiles, cache, bwrap) and the system directories.
 
-    ``chain`` as for ``HostPath``; ``exists`` says whether ``chain[0]`` is the path itself.
+    ``chain`` as for ``HostPath``; ``exists`` says whether ``chain[0]`` is the path itself;
+    ``tree``: what lies beneath is protected too (False for /home, /tmp: only themselves).
     Comparing (st_dev, st_ino) rather than strings also catches a path reached through
     another bind mount or a symlinked ancestor.
     """
@@ -72,7 +76,9 @@ def inspect_path(path: str) -> HostPath:
     chain = identity_chain(real)
     if stat.S_ISLNK(info.st_mode):
         kind = "symlink" if os.path.exists(real) else "missing"
-        return HostPath(kind, os.readlink(path), real, os.path.isdir(real), chain)
+        parent = os.path.dirname(os.path.normpath("/" + path.lstrip("/")))
+        return HostPath(kind, os.readlink(path), real, os.path.isdir(real), chain,
+                        os.path.realpath(parent) == parent)
     if stat.S_ISDIR(info.st_mode):
         return HostPath("dir", real=real, is_dir=True, chain=chain)
     if stat.S_ISREG(info.st_mode) or stat.S_ISCHR(info.st_mode):
@@ -80,14 +86,14 @@ def inspect_path(path: str) -> HostPath:
     return HostPath("other", real=real, chain=chain)
 
 
-def protect(label: str, path: str) -> Protected:
+def protect(label: str, path: str, tree: bool = True) -> Protected:
     real = os.path.realpath(path)
-    return Protected(label, real, identity_chain(real), os.path.lexists(real))
+    return Protected(label, real, identity_chain(real), os.path.lexists(real), tree)
 
 
 def observe(paths, protected=()) -> HostView:
-    seen = {p: inspect_path(p) for p in dict.fromkeys(paths)}
     helper = stage2_helper_path()
+    seen = {p: inspect_path(p) for p in dict.fromkeys([*paths, helper])}
     return HostView(paths=seen, stage2_helper=helper if os.access(helper, os.X_OK) else "",
                     uid=os.getuid(), gid=os.getgid(), protected=tuple(protected))
 

@@ -16,6 +16,14 @@ import sys
 from . import cache
 from .hostview import Protected, protect
 
+# Never writable inside a sandbox: these directories and everything beneath them...
+SYSTEM_TREES = ("/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run", "/root", "/opt",
+                "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/snap", "/nix",
+                "/var/lib", "/var/cache", "/var/log", "/var/spool", "/var/mail", "/var/backups", "/var/opt",
+                "/var/local", "/var/run", "/var/lock")
+# ...and these directories themselves (what lies beneath, a project under /home, is fine).
+SYSTEM_EXACT = ("/", "/home", "/tmp", "/var", "/var/tmp", "/mnt", "/media", "/srv")
+
 
 def installation_paths() -> list[tuple[str, str]]:
     """sbx's own code: the package, the directory it was imported from (a site-packages
@@ -62,10 +70,12 @@ def protected_paths(profile_files: tuple[str, ...] = (), bwrap: str | None = Non
     entries += [("sbx's cache", d) for d in cache.candidates()]
     if bwrap:
         entries.append(("the bwrap binary sbx runs", bwrap))
+    entries += [("a system directory", d) for d in SYSTEM_TREES]
+    exact = [("a system directory", d) for d in SYSTEM_EXACT]
     seen: dict[str, Protected] = {}
-    for label, path in entries:
+    for (label, path), tree in [*((e, True) for e in entries), *((e, False) for e in exact)]:
         if path and os.path.isabs(path):
-            entry = protect(label, path)
+            entry = protect(label, path, tree)
             seen.setdefault(entry.path, entry)
     return tuple(seen.values())
 
@@ -80,7 +90,7 @@ def overlap(chain: tuple, protected: Protected) -> str | None:
         return None
     if chain[0] in protected.chain:
         return "contains"
-    if protected.exists and protected.chain and protected.chain[0] in chain:
+    if protected.tree and protected.exists and protected.chain and protected.chain[0] in chain:
         return "inside"
     return None
 

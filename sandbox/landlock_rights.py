@@ -42,6 +42,7 @@ GRANT_NAMES: dict[str, tuple[str, ...]] = {
     "read-noexec": ("read_file", "read_dir"),
     "read-write": tuple(FS_RIGHTS),
     "device": ("read_file", "write_file", "read_dir", "ioctl_dev", "truncate"),
+    "list": ("read_dir",),
 }
 
 

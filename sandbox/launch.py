@@ -82,16 +82,19 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         if plan.bwrap_args is None:
             argv = stage2_argv
         else:
+            bwrap_args = pin_bind_sources(plan, owned)
             # bwrap takes options from --args but the command only from its own argv.
-            args_fd = memfd_with("sbx-bwrap-args", b"".join(a.encode() + b"\0" for a in plan.bwrap_args))
+            args_fd = memfd_with("sbx-bwrap-args", b"".join(os.fsencode(a) + b"\0" for a in bwrap_args))
             owned.append(args_fd)
             argv = [bwrap_path, "--args", str(args_fd), "--", *stage2_argv]
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SandboxError) as exc:
         for fd in owned:
             os.close(fd)
         if "status_read" in locals():
             os.close(status_read)
         restore_cloexec(cleared)
+        if isinstance(exc, SandboxError):
+            raise
         if isinstance(exc, ValueError):
             raise UsageError(f"cannot hand this to the sandbox: {exc}",
                              "remove NUL bytes and '=' in variable names from the command, environment and paths") from None
@@ -99,6 +102,38 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
                           status_read=status_read, owned_fds=owned, cleared_cloexec=cleared)
+
+
+BIND_FLAGS = {"--ro-bind": "--ro-bind-fd", "--ro-bind-try": "--ro-bind-fd", "--bind": "--bind-fd"}
+
+
+def pin_bind_sources(plan: LaunchPlan, owned: list[int]) -> list[str]:
+    """bwrap's arguments with each checked bind source replaced by a descriptor pinned to
+    the object the planner checked (see pathfd.py); the descriptors go into ``owned``.
+    An optional source that has gone is left out, as bwrap's --ro-bind-try would."""
+    from .pathfd import open_pinned
+
+    sources = {(m.source, m.path): m for m in plan.mounts if m.identity is not None}
+    helper = plan.stage2_identity
+    args = list(plan.bwrap_args)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag in BIND_FLAGS and i + 2 < len(args):
+            source, dest = args[i + 1], args[i + 2]
+            mount = sources.get((source, dest))
+            identity = mount.identity if mount is not None else (helper if source == plan.stage2_helper else None)
+            if identity is not None:
+                fd = open_pinned(source, identity, optional=flag == "--ro-bind-try")
+                if fd is not None:
+                    owned.append(fd)
+                    out += [BIND_FLAGS[flag], str(fd), dest]
+                i += 3
+                continue
+        out.append(flag)
+        i += 1
+    return out
 
 
 class SandboxStatus:

@@ -8,12 +8,12 @@ as ``Capabilities``. Every bwrap bind and every Landlock grant comes from the sa
 from __future__ import annotations
 
 import os
-import shlex
 from collections import namedtuple
 
 from . import landlock_rights as ll
 from .errors import BindError, HostError, SandboxError, UsageError, WorkdirError
-from .hostview import MERGED_USR_LINKS, HostView
+from .hostview import MERGED_USR_LINKS, HostPath, HostView
+from .integrity import SYSTEM_EXACT, SYSTEM_TREES, overlaps
 from .profile import Profile
 from .seccomp_policy import spec_from_profile
 from .stage2_wire import RLIMIT_NUMBERS, LandlockSpec, Stage2Config
@@ -25,7 +25,8 @@ RLIMIT_NAMES = {"nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC", "core": "RLI
 MAX_FD = 2**31 - 1  # descriptors are C ints
 OVERFLOW_UID = 65534  # the uid a root caller becomes inside: no capabilities, nobody's files
 DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
-FORBIDDEN_WORKDIRS = ("/", "/proc", "/dev", "/sys", "/usr", "/etc", "/boot")
+MIB = 1 << 20
+HIDE_TMPFS_BYTES = 1 << 16  # an empty, read-only tmpfs masking a directory
 
 
 # Records are namedtuples, not dataclasses: every tool call imports this module, and
@@ -38,19 +39,22 @@ class Request(namedtuple("Request", "argv workdir preserve_fds ro_binds binds sh
     __slots__ = ()
 
 
-class Mount(namedtuple("Mount", "op path source grant optional", defaults=("", None, False))):
+class Mount(namedtuple("Mount", "op path source grant optional identity", defaults=("", None, False, None))):
     """One entry of the filesystem view: a bwrap operation and its Landlock grant.
 
     op: ro-bind, bind, symlink, tmpfs, dev, proc, hide-file or hide-dir; path: where it
-    appears inside; source: the host source or link target; grant: a GRANT_NAMES kind.
+    appears inside; source: the host source, a link's target, or a tmpfs's size in bytes;
+    grant: a GRANT_NAMES kind; identity: the source's (st_dev, st_ino) when it was checked,
+    which the launch pins it to (see pathfd.py).
     """
 
     __slots__ = ()
 
 
 class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_helper "
-                            "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path",
-                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None))):
+                            "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path "
+                            "stage2_identity",
+                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None))):
     """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
     ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None."""
 
@@ -66,6 +70,7 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
 
     def describe(self) -> str:
         """The human-readable plan printed by ``sbx run --dry-run``."""
+        import shlex  # it imports re: only --dry-run and doctor pay for it
         out = [f"profile: {self.profile_name}", f"tier: {self.tier.name}",
                f"command: {shlex.join(self.argv)}", f"workdir: {self.workdir}",
                f"preserved fds: {', '.join(map(str, self.preserved_fds)) or 'none'} (plus 0, 1, 2)"]
@@ -100,7 +105,10 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
             out.append("seccomp: not enforced at this tier")
         out.append("rlimits: " + (", ".join(f"{n}={_limit(s)}" for n, s, _ in self.rlimits) or "inherited"))
         out.append("environment: " + ", ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
-        out.append(f"network: {'shared with the host' if self.share_net else 'none (new network namespace)'}")
+        if self.bwrap_args is None:
+            out.append("network: the host's (this tier has no network namespace and no seccomp socket rule)")
+        else:
+            out.append(f"network: {'shared with the host' if self.share_net else 'none (new network namespace)'}")
         return "\n".join(out)
 
 
@@ -111,7 +119,7 @@ def _limit(value: int) -> str:
 def paths_to_observe(profile: Profile, request: Request) -> list[str]:
     fs = profile.table("filesystem")
     return [*fs["ro_binds"], *fs["ro_binds_try"], *fs["binds"], *fs["hide"], *MERGED_USR_LINKS,
-            *request.ro_binds, *request.binds, request.workdir]
+            *request.ro_binds, *request.binds, request.workdir, "/"]
 
 
 def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
@@ -121,7 +129,7 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
         raise UsageError("no command given", "put the command after '--', e.g. sbx run -- ls")
     workdir = _check_workdir(request.workdir, host)
     fs_workdir = profile.table("filesystem")["workdir"]
-    start_dir = workdir if fs_workdir != "none" else "/"  # with no workdir shown, start at /
+    start_dir = workdir.real if fs_workdir != "none" else "/"  # with no workdir shown, start at /
     share_net = request.share_net or not profile.table("namespaces")["net"]
     mounts = _mounts(profile, request, host, workdir)
     preserved = tuple(sorted(set(request.preserve_fds) | ({request.exe_fd} if request.exe_fd is not None else set())))
@@ -145,49 +153,80 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                       preserved_fds=preserved, env=env,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
                       landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
-                      exe_path=request.exe_path)
+                      exe_path=request.exe_path, stage2_identity=_identity(host, host.stage2_helper))
 
 
-def _check_workdir(workdir: str, host: HostView) -> str:
-    path = os.path.normpath(workdir)
+def canonical(path: str) -> str:
+    """The absolute path with "." and ".." folded and a leading "//" made "/" (POSIX lets
+    "//" mean something else; Linux does not, and a check must not be fooled by it)."""
+    return os.path.normpath("/" + path.lstrip("/")) if path.startswith("/") else os.path.normpath(path)
+
+
+def system_directory(path: str) -> str | None:
+    """The system directory that a writable bind of canonical ``path`` would expose, if any."""
+    if path in SYSTEM_EXACT:
+        return path
+    for tree in SYSTEM_TREES:
+        if path == tree or path.startswith(tree + "/"):
+            return tree
+    for tree in (*SYSTEM_TREES, *SYSTEM_EXACT):
+        if tree.startswith(path.rstrip("/") + "/"):  # an ancestor of one: it contains it
+            return tree
+    return None
+
+
+def _checked_path(host: HostView, path: str, what: str, error: type[SandboxError]) -> HostPath:
+    """The host facts for a workdir or bind path, refusing what cannot be mounted as named:
+    a relative or missing path, or one with a symlink anywhere in it (a link planted by an
+    earlier sandbox must never redirect a bind; pass the target itself)."""
     if not os.path.isabs(path):
-        raise WorkdirError(f"workdir {workdir!r} is not an absolute path", "pass an absolute --workdir")
-    if host.kind(workdir) not in ("dir", "symlink"):
-        raise WorkdirError(f"workdir {workdir} is not an existing directory")
-    real = host.paths[workdir].real or path
-    if real in FORBIDDEN_WORKDIRS:
-        raise WorkdirError(f"workdir {real} would expose a system directory read-write",
-                           "run from (or pass --workdir) a project directory")
-    return real
-
-
-def _refuse_protected(host: HostView, path: str, what: str, error: type[SandboxError]) -> None:
-    """Refuse a writable bind that overlaps what later sbx runs trust (see integrity.py)."""
-    from .integrity import overlaps
-
+        raise error(f"{what} {path!r} is not an absolute path", "pass an absolute path")
     info = host.paths.get(path)
-    found = overlaps(info.chain if info else (), host.protected)
-    if not found:
-        return
-    what_overlaps = "; ".join(f"{'contains' if how == 'contains' else 'lies inside'} {entry.label} ({entry.path})"
-                              for how, entry in found)
-    raise error(f"{what} {path} {what_overlaps}: a sandboxed command could change "
-                "what later sbx runs enforce or execute",
-                "give the sandbox a project directory that holds none of sbx's installation, profiles or cache "
-                "(a path the README's 'What a sandboxed command cannot touch' explains)")
+    if info is None or info.kind == "missing":
+        raise error(f"{what} {path} does not exist on this host", "pass an existing path")
+    if info.kind == "symlink" or info.real != canonical(path):
+        raise error(f"{what} {path} goes through a symlink (it resolves to {info.real}); sbx never follows "
+                    "links in bind paths", f"pass the resolved path itself if you mean it: {info.real}")
+    return info
 
 
-def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) -> list[Mount]:
+def _writable(host: HostView, path: str, info: HostPath, what: str, error: type[SandboxError]) -> None:
+    """Refuse a writable bind of a system directory or of anything later runs trust, naming
+    every reason (see integrity.py). System directories are matched by canonical path here
+    and, through ``host.protected``, by identity as well (a second mount of the same tree)."""
+    reasons = []
+    system = system_directory(info.real)
+    if system:
+        reasons.append(f"would expose the system directory {system}")
+    for how, entry in overlaps(info.chain, host.protected):
+        if entry.label == "a system directory" and system:
+            continue
+        reasons.append(f"{'contains' if how == 'contains' else 'lies inside'} {entry.label} ({entry.path})")
+    if reasons:
+        raise error(f"{what} {path} {'; '.join(reasons)}: it would be writable inside, and a sandboxed "
+                    "command could change the host or what later sbx runs enforce or execute",
+                    "give the sandbox a project directory that holds no system directory and none of sbx's "
+                    "installation, profiles or cache; show such paths read-only with --ro-bind")
+
+
+def _check_workdir(workdir: str, host: HostView) -> HostPath:
+    info = _checked_path(host, workdir, "workdir", WorkdirError)
+    if not info.is_dir:
+        raise WorkdirError(f"workdir {workdir} is not a directory", "pass a directory")
+    return info
+
+
+def _mounts(profile: Profile, request: Request, host: HostView, workdir: HostPath) -> list[Mount]:
+    """Every entry of the view, in mount order: a parent before anything beneath it, so a
+    read-only bind, hide or tmpfs inside a writable bind stays what it says (bwrap mounts
+    in argument order, and a later mount covers an earlier one beneath it)."""
     fs = profile.table("filesystem")
     mounts: list[Mount] = []
     if fs["root"] == "host-ro":
-        mounts.append(Mount("ro-bind", "/", "/", "read"))
-    for path in fs["ro_binds"]:
-        _require(host, path, "profile ro_binds")
-        mounts.append(Mount("ro-bind", path, path, "read"))
-    for path in fs["ro_binds_try"]:
-        if host.kind(path) != "missing":
-            mounts.append(Mount("ro-bind", path, path, "read", optional=True))
+        mounts.append(Mount("ro-bind", "/", "/", "read", identity=_identity(host, "/")))
+    for key, optional in (("ro_binds", False), ("ro_binds_try", True), ("binds", False)):
+        for path in fs[key]:
+            mounts += _profile_mount(host, path, key, optional)
     if fs["merged_usr_links"]:
         for path in MERGED_USR_LINKS:
             info = host.paths.get(path)
@@ -196,49 +235,56 @@ def _mounts(profile: Profile, request: Request, host: HostView, workdir: str) ->
             if info.kind == "symlink":
                 mounts.append(Mount("symlink", path, info.target))
             else:
-                mounts.append(Mount("ro-bind", path, path, "read"))
+                mounts.append(Mount("ro-bind", path, path, "read", identity=info.chain[0] if info.chain else None))
     if fs["dev"]:
         mounts.append(Mount("dev", "/dev", grant="device"))
     if fs["proc"]:
         mounts.append(Mount("proc", "/proc", grant="read-noexec"))
     for path in fs["tmpfs"]:
-        mounts.append(Mount("tmpfs", path, grant="read-write"))
+        size = fs["shm_size_mib"] if canonical(path) == "/dev/shm" else fs["tmpfs_size_mib"]
+        mounts.append(Mount("tmpfs", canonical(path), source=str(size * MIB), grant="read-write"))
     for path in fs["hide"]:
         info = host.paths.get(path)
         if info is None or info.kind == "missing":
             continue
         mounts.append(Mount("hide-dir" if info.is_dir else "hide-file", info.real or path))
-    for path in fs["binds"]:
-        _require(host, path, "profile binds")
-        _refuse_protected(host, path, "profile bind", BindError)
-        mounts.append(Mount("bind", path, path, "read-write"))
     for path in request.ro_binds:
-        _require(host, path, "--ro-bind")
-        mounts.append(Mount("ro-bind", _real(host, path), _real(host, path), "read"))
+        info = _checked_path(host, path, "--ro-bind", BindError)
+        mounts.append(Mount("ro-bind", info.real, info.real, "read", identity=info.chain[0]))
     for path in request.binds:
-        _require(host, path, "--bind")
-        if _real(host, path) in FORBIDDEN_WORKDIRS:
-            raise BindError(f"--bind {path} would expose a system directory read-write",
-                            "bind a project directory, or use --ro-bind for system paths")
-        _refuse_protected(host, path, "--bind", BindError)
-        mounts.append(Mount("bind", _real(host, path), _real(host, path), "read-write"))
+        info = _checked_path(host, path, "--bind", BindError)
+        _writable(host, path, info, "--bind", BindError)
+        mounts.append(Mount("bind", info.real, info.real, "read-write", identity=info.chain[0]))
     if fs["workdir"] == "rw":
-        _refuse_protected(host, request.workdir, "workdir", WorkdirError)
-        mounts.append(Mount("bind", workdir, workdir, "read-write"))
+        _writable(host, request.workdir, workdir, "workdir", WorkdirError)
+        mounts.append(Mount("bind", workdir.real, workdir.real, "read-write", identity=workdir.chain[0]))
     elif fs["workdir"] == "ro":
-        mounts.append(Mount("ro-bind", workdir, workdir, "read"))
-    return mounts
+        mounts.append(Mount("ro-bind", workdir.real, workdir.real, "read", identity=workdir.chain[0]))
+    return sorted(mounts, key=lambda m: canonical(m.path).count("/") if m.path != "/" else 0)
 
 
-def _real(host: HostView, path: str) -> str:
-    return host.paths[path].real or path
+def _profile_mount(host: HostView, path: str, key: str, optional: bool) -> list[Mount]:
+    """A profile entry. One that is itself a symlink (/etc/localtime, /etc/os-release) is
+    recreated inside as the same link, as the merged-usr links are: never followed to
+    decide what to mount. A symlink further up the path is refused like any other."""
+    info = host.paths.get(path)
+    what = f"profile {key} entry"
+    if info is None or info.kind == "missing":
+        if optional:
+            return []
+        raise BindError(f"{what} {path} does not exist on this host", "fix the profile, or use ro_binds_try")
+    if info.kind == "symlink" and info.clean_parent:
+        return [Mount("symlink", canonical(path), info.target)]
+    info = _checked_path(host, path, what, BindError)
+    if key == "binds":
+        _writable(host, path, info, what, BindError)
+        return [Mount("bind", info.real, info.real, "read-write", identity=info.chain[0])]
+    return [Mount("ro-bind", info.real, info.real, "read", optional, identity=info.chain[0])]
 
 
-def _require(host: HostView, path: str, what: str) -> None:
-    if not os.path.isabs(path):
-        raise BindError(f"{what} {path!r} is not an absolute path", "give bind paths as absolute paths")
-    if host.kind(path) == "missing":
-        raise BindError(f"{what} {path} does not exist on this host")
+def _identity(host: HostView, path: str) -> tuple[int, int] | None:
+    info = host.paths.get(path)
+    return info.chain[0] if info is not None and info.chain else None
 
 
 def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: bool,
@@ -265,6 +311,9 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
     args += ["--die-with-parent", "--new-session"]
     if "clearenv" in features:
         args.append("--clearenv")
+    if any(m.op in ("tmpfs", "hide-dir") for m in mounts) and "size" not in features:
+        raise HostError("this bwrap has no --size option, and sbx gives every tmpfs a size",
+                        "install bubblewrap 0.7 or newer (sbx doctor lists the options it has)")
     hidden_dirs = []
     for m in mounts:
         if m.op == "ro-bind":
@@ -274,7 +323,7 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
         elif m.op == "symlink":
             args += ["--symlink", m.source, m.path]
         elif m.op == "tmpfs":
-            args += ["--tmpfs", m.path]
+            args += ["--size", m.source, "--tmpfs", m.path]
         elif m.op == "dev":
             args += ["--dev", m.path]
         elif m.op == "proc":
@@ -282,7 +331,7 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
         elif m.op == "hide-file":
             args += ["--ro-bind", "/dev/null", m.path]
         elif m.op == "hide-dir":
-            args += ["--tmpfs", m.path]
+            args += ["--size", str(HIDE_TMPFS_BYTES), "--tmpfs", m.path]
             hidden_dirs.append(m.path)
     # Stage 2 is placed by bwrap itself at its own host path, after every other mount so
     # that no tmpfs or hide covers it: no profile needs to show sbx's installation.
@@ -301,6 +350,11 @@ def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) 
                         "run 'sbx doctor', or choose --tier KernelSeccompOnly --allow-degraded")
     settings = profile.table("landlock")
     rules = [(m.path, ll.grant_mask(m.grant, abi), m.optional) for m in mounts if m.grant]
+    if profile.table("filesystem")["root"] == "empty":
+        # Listing (only) from the sandbox's own root: `ls /` and `find /` see the view. The
+        # root is bwrap's private tmpfs, so the grant covers nothing reached through a host
+        # descriptor, and reading files still needs a grant of its own.
+        rules.insert(0, ("/", ll.grant_mask("list", abi), False))
     net = 0
     if settings["deny_tcp"] and not share_net:
         net = ll.mask(ll.NET_RIGHTS, ll.NET_RIGHTS, abi)

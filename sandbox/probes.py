@@ -18,13 +18,14 @@ from . import cache
 from .errors import TierBelowFloorError, TierError
 from .tiers import Tier
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 BWRAP_ENV = "SBX_BWRAP"
 # Options newer than Debian 11's bwrap 0.4 that the planner uses when present.
 OPTIONAL_BWRAP_OPTIONS: dict[str, tuple[str, ...]] = {
     "clearenv": ("--clearenv",),
     "disable-userns": ("--unshare-user", "--disable-userns"),
     "json-status-fd": ("--json-status-fd", "2"),
+    "size": ("--size", "1048576", "--tmpfs", "/tmp"),
 }
 USERNS_SYSCTLS = {
     "/proc/sys/kernel/unprivileged_userns_clone": "0",

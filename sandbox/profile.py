@@ -17,7 +17,7 @@ from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
-SCHEMA_VERSION = 1  # bump when SCHEMA changes: cached validations are then redone
+SCHEMA_VERSION = 2  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -30,6 +30,7 @@ _LIMIT = ("a whole number >= 0, or \"unlimited\"",
 _TIER = ("one of " + ", ".join(t.name for t in Tier), lambda v: isinstance(v, str) and v in Tier.__members__)
 _ENV_MAP = ("a table of string values",
             lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()))
+_MIB = ("a whole number of MiB >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20)
 _TIMEOUT = ("a number of seconds >= 0 (0: none)",
             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
 
@@ -41,7 +42,7 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
         "ro_binds": _ABS_PATHS, "ro_binds_try": _ABS_PATHS, "binds": _ABS_PATHS,
         "tmpfs": _ABS_PATHS, "hide": _ABS_PATHS, "dev": _BOOL, "proc": _BOOL,
         "workdir": ("\"rw\", \"ro\" or \"none\"", lambda v: v in ("rw", "ro", "none")),
-        "merged_usr_links": _BOOL,
+        "merged_usr_links": _BOOL, "tmpfs_size_mib": _MIB, "shm_size_mib": _MIB,
     },
     "environment": {"keep": _STRS, "set": _ENV_MAP},
     "seccomp": {
@@ -59,7 +60,8 @@ DEFAULTS: dict[str, object] = {
     "tier_floor": "KernelFull",
     "namespaces": {"user": True, "pid": True, "net": True, "ipc": True, "uts": True, "cgroup": True},
     "filesystem": {"root": "empty", "ro_binds": [], "ro_binds_try": [], "binds": [], "tmpfs": ["/tmp"],
-                   "hide": [], "dev": True, "proc": True, "workdir": "rw", "merged_usr_links": True},
+                   "hide": [], "dev": True, "proc": True, "workdir": "rw", "merged_usr_links": True,
+                   "tmpfs_size_mib": 512, "shm_size_mib": 64},
     "environment": {"keep": [], "set": {}},
     "seccomp": {"mode": "allowlist", "allow": [], "deny": []},
     "landlock": {"deny_tcp": True, "scope_signals": True, "scope_abstract_unix": True},

@@ -48,5 +48,8 @@ if sbx_stale; then
   (cd / && "$SBX_VENV/bin/python" -I -m pip install -q --disable-pip-version-check \
       "$sbx_repo[test]" >&2) || exit 125
   rm -rf "$sbx_repo/build" "$sbx_repo"/*.egg-info
+  # setuptools' distutils-precedence.pth would run at every start of the sbx command;
+  # builds use pip's isolated build environment, so the venv does not need it.
+  "$SBX_VENV/bin/python" -I -m pip uninstall -q -y setuptools >/dev/null 2>&1 || true
   mv "$sbx_stamp.new" "$sbx_stamp"
 fi

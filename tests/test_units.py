@@ -56,7 +56,7 @@ def test_tier_resolution_on_fake_hosts(host, tier):
 
 def test_feature_detection_reports_what_the_bwrap_lacks():
     caps = probes.probe_host(FakeHost())
-    assert caps.bwrap_features == {"clearenv", "disable-userns"}
+    assert caps.bwrap_features == {"clearenv", "disable-userns", "size"}  # all but json-status-fd
 
 
 @pytest.mark.parametrize("sysctls, fragment, remedy", [
