@@ -50,7 +50,7 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
                       stdout=None, stderr=None, limit: int = 2 ** 16) -> Any:
     loop = asyncio.get_running_loop()
     plan, prepared, exe = await loop.run_in_executor(None, sandbox._prepare, argv, preserve_fds, env, exe_sha256)
-    status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None)
+    status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
     try:
         transport, protocol = await loop.subprocess_exec(
             lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=limit, loop=loop),

@@ -37,9 +37,10 @@ class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
     def __init__(self, argv: list[str], pass_fds: tuple[int, ...], status_read: int,
-                 owned_fds: list[int], cleared_cloexec: list[int]) -> None:
+                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str]) -> None:
         self.argv, self.pass_fds = argv, pass_fds
         self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
+        self.staged = staged  # idmapped mounts to release when the sandbox ends (rootcaller.py)
 
     def close_parent_copies(self) -> None:
         """Once the child is started (or failed to): close our descriptors, and set back the
@@ -52,6 +53,16 @@ class PreparedLaunch:
         self.owned_fds.clear()
         restore_cloexec(self.cleared_cloexec)
         self.cleared_cloexec = []
+
+    def discard(self) -> None:
+        """For a preparation that is not launched through this module (benchmarks, tests):
+        close everything and release what was staged."""
+        self.close_parent_copies()
+        try:
+            os.close(self.status_read)
+        except OSError:
+            pass
+        release_staged(self.staged)
 
 
 def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> PreparedLaunch:
@@ -67,6 +78,7 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
     except FdFlagError as exc:
         raise PreservedFdError(str(exc), exc.fd, exc.errno) from None
     owned: list[int] = []
+    staged: list[str] = []
     try:
         status_read, status_write = os.pipe()  # both close-on-exec
         owned.append(status_write)
@@ -82,16 +94,21 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         if plan.bwrap_args is None:
             argv = stage2_argv
         else:
-            bwrap_args = pin_bind_sources(plan, owned)
+            bwrap_args = pin_bind_sources(plan, owned, staged)
             # bwrap takes options from --args but the command only from its own argv.
             args_fd = memfd_with("sbx-bwrap-args", b"".join(os.fsencode(a) + b"\0" for a in bwrap_args))
             owned.append(args_fd)
             argv = [bwrap_path, "--args", str(args_fd), "--", *stage2_argv]
+            if plan.run_as is not None:
+                from .rootcaller import setpriv_prefix
+
+                argv = [*setpriv_prefix(), *argv]
     except (OSError, ValueError, SandboxError) as exc:
         for fd in owned:
             os.close(fd)
         if "status_read" in locals():
             os.close(status_read)
+        release_staged(staged)
         restore_cloexec(cleared)
         if isinstance(exc, SandboxError):
             raise
@@ -101,16 +118,26 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         raise SetupError(f"could not prepare the launch descriptors: {exc.strerror}",
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
-                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared)
+                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged)
+
+
+def release_staged(staged: list[str]) -> None:
+    if staged:
+        from .rootcaller import release
+
+        for target in staged:
+            release(target)
+        staged.clear()
 
 
 BIND_FLAGS = {"--ro-bind": "--ro-bind-fd", "--ro-bind-try": "--ro-bind-fd", "--bind": "--bind-fd"}
 
 
-def pin_bind_sources(plan: LaunchPlan, owned: list[int]) -> list[str]:
+def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> list[str]:
     """bwrap's arguments with each checked bind source replaced by a descriptor pinned to
     the object the planner checked (see pathfd.py); the descriptors go into ``owned``.
-    An optional source that has gone is left out, as bwrap's --ro-bind-try would."""
+    An optional source that has gone is left out, as bwrap's --ro-bind-try would. A mount
+    marked ``idmap`` is shown through an idmapped clone (rootcaller.py), noted in ``staged``."""
     from .pathfd import open_pinned
 
     sources = {(m.source, m.path): m for m in plan.mounts if m.identity is not None}
@@ -126,6 +153,15 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int]) -> list[str]:
             identity = mount.identity if mount is not None else (helper if source == plan.stage2_helper else None)
             if identity is not None:
                 fd = open_pinned(source, identity, optional=flag == "--ro-bind-try")
+                if fd is not None and mount is not None and mount.idmap:
+                    from .rootcaller import stage_idmapped
+
+                    try:
+                        target, staged_fd = stage_idmapped(fd, source)
+                    finally:
+                        os.close(fd)
+                    staged.append(target)
+                    fd = staged_fd
                 if fd is not None:
                     owned.append(fd)
                     out += [BIND_FLAGS[flag], str(fd), dest]
@@ -139,9 +175,10 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int]) -> list[str]:
 class SandboxStatus:
     """Reads stage 2's status records and turns a raw exit status into sbx's table."""
 
-    def __init__(self, status_read: int, uses_bwrap: bool) -> None:
+    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None) -> None:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
+        self._staged = staged if staged is not None else []
         self._data = b""
         self.error: SandboxError | None = None
         self.notes: list[str] = []
@@ -159,9 +196,11 @@ class SandboxStatus:
             self._data += chunk
 
     def close(self) -> None:
+        """Done with this sandbox: close the channel, release any idmapped staging mounts."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        release_staged(self._staged)
 
     def translate(self, raw: int, killed_by_us: bool) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""
@@ -210,7 +249,7 @@ class DirectProcess:
     """
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None)
+        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self.tier = plan.tier

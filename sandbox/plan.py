@@ -39,13 +39,15 @@ class Request(namedtuple("Request", "argv workdir preserve_fds ro_binds binds sh
     __slots__ = ()
 
 
-class Mount(namedtuple("Mount", "op path source grant optional identity", defaults=("", None, False, None))):
+class Mount(namedtuple("Mount", "op path source grant optional identity idmap",
+                       defaults=("", None, False, None, False))):
     """One entry of the filesystem view: a bwrap operation and its Landlock grant.
 
     op: ro-bind, bind, symlink, tmpfs, dev, proc, hide-file or hide-dir; path: where it
     appears inside; source: the host source, a link's target, or a tmpfs's size in bytes;
     grant: a GRANT_NAMES kind; identity: the source's (st_dev, st_ino) when it was checked,
-    which the launch pins it to (see pathfd.py).
+    which the launch pins it to (see pathfd.py); idmap: shown through an idmapped mount
+    that presents root's files as the sandbox uid's (root callers; see rootcaller.py).
     """
 
     __slots__ = ()
@@ -53,10 +55,11 @@ class Mount(namedtuple("Mount", "op path source grant optional identity", defaul
 
 class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_helper "
                             "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path "
-                            "stage2_identity",
-                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None))):
+                            "stage2_identity run_as",
+                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None))):
     """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
-    ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None."""
+    ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None;
+    ``run_as``: the unprivileged host uid bwrap runs as, for a root caller (else None)."""
 
     __slots__ = ()
 
@@ -132,6 +135,13 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     start_dir = workdir.real if fs_workdir != "none" else "/"  # with no workdir shown, start at /
     share_net = request.share_net or not profile.table("namespaces")["net"]
     mounts = _mounts(profile, request, host, workdir)
+    run_as = None
+    if host.uid == 0 and tier.uses_bwrap:
+        # A root caller's sandbox runs as an unprivileged host uid; what the caller chose to
+        # show it (workdir, --bind, --ro-bind, profile binds) goes through an idmapped mount.
+        run_as = OVERFLOW_UID
+        chosen = _caller_chosen(profile, request, host, workdir)
+        mounts = [m._replace(idmap=True) if m.op in ("bind", "ro-bind") and m.source in chosen else m for m in mounts]
     preserved = tuple(sorted(set(request.preserve_fds) | ({request.exe_fd} if request.exe_fd is not None else set())))
     for fd in preserved:
         if fd < 3:
@@ -153,7 +163,8 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                       preserved_fds=preserved, env=env,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
                       landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
-                      exe_path=request.exe_path, stage2_identity=_identity(host, host.stage2_helper))
+                      exe_path=request.exe_path, stage2_identity=_identity(host, host.stage2_helper),
+                      run_as=run_as)
 
 
 def canonical(path: str) -> str:
@@ -280,6 +291,17 @@ def _profile_mount(host: HostView, path: str, key: str, optional: bool) -> list[
         _writable(host, path, info, what, BindError)
         return [Mount("bind", info.real, info.real, "read-write", identity=info.chain[0])]
     return [Mount("ro-bind", info.real, info.real, "read", optional, identity=info.chain[0])]
+
+
+def _caller_chosen(profile: Profile, request: Request, host: HostView, workdir: HostPath) -> set[str]:
+    """The bind sources the caller chose (workdir, --bind, --ro-bind, profile binds), by
+    canonical path: a root caller's sandbox sees these through an idmapped mount."""
+    chosen = {workdir.real}
+    for path in (*request.binds, *request.ro_binds, *profile.table("filesystem")["binds"]):
+        info = host.paths.get(path)
+        if info is not None and info.real:
+            chosen.add(info.real)
+    return chosen
 
 
 def _identity(host: HostView, path: str) -> tuple[int, int] | None:

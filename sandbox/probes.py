@@ -18,7 +18,7 @@ from . import cache
 from .errors import TierBelowFloorError, TierError
 from .tiers import Tier
 
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 BWRAP_ENV = "SBX_BWRAP"
 # Options newer than Debian 11's bwrap 0.4 that the planner uses when present.
 OPTIONAL_BWRAP_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -159,6 +159,10 @@ class HostProbes:
         true = which("true", TRUSTED_BWRAP_DIRS) or "/bin/true"
         argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
                 "--proc", "/proc", *extra, "--", true]
+        if os.geteuid() == 0:  # a root caller's sandbox runs as an unprivileged uid: probe that
+            from .rootcaller import setpriv_prefix
+
+            argv = [*setpriv_prefix(), *argv]
         import subprocess
 
         try:

@@ -39,7 +39,7 @@ class SandboxProcess(subprocess.Popen):
     timed_out = False
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan, **popen_kwargs) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None)
+        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self._translated = False

@@ -89,7 +89,7 @@ def open_verified(name: str, expected_hex: str, search_path: str, workdir: str) 
             raise ExecutableDigestError(
                 f"{path} has SHA-256 {actual}, not the expected {expected}; nothing was run",
                 "check that the executable is the one you reviewed")
-        os.fchmod(copy, 0o500)
+        os.fchmod(copy, 0o555)  # executable by the sandbox uid, which is not root for a root caller
         fcntl.fcntl(copy, F_ADD_SEALS, SEALS)
         os.lseek(copy, 0, os.SEEK_SET)
         verified, copy = VerifiedExecutable(path, copy), -1

@@ -124,8 +124,7 @@ def in_process_phases(workdir: str, rounds: int) -> dict[str, float]:
         start = time.perf_counter()
         prepared = prepare(p, sb.capabilities.bwrap_path, sb._bpf)
         prep_t.append(time.perf_counter() - start)
-        prepared.close_parent_copies()
-        os.close(prepared.status_read)
+        prepared.discard()
     return {"planning (Sandbox.plan)": statistics.median(plan_t) * 1000,
             "BPF from the cache (compiled_bpf)": statistics.median(bpf_t) * 1000,
             "descriptors: memfds, pipe, config (prepare)": statistics.median(prep_t) * 1000,

@@ -102,8 +102,7 @@ def _run_with_leak(tier: str, preserve: tuple[int, ...], workdir: str) -> tuple[
         out = subprocess.run(prepared.argv, pass_fds=(*prepared.pass_fds, LEAK_FD), env={},
                              capture_output=True, text=True, timeout=60)
     finally:
-        prepared.close_parent_copies()
-        os.close(prepared.status_read)
+        prepared.discard()
     assert out.returncode == 0, out.stderr
     return parse_json_line(out.stdout), plan
 

@@ -190,3 +190,87 @@ def test_writes_through_the_standard_view_land_only_in_the_workdir(runner):
                         "-I", "-S", "-c", "open('x', 'w').write('1'); print('ok')")
     assert result.returncode == 0, result.stderr
     assert (work / "x").read_text() == "1"
+
+
+@pytest.fixture
+def root_only_file():
+    directory = Path(tempfile.mkdtemp(prefix="sbx-view-rootonly-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    (directory / "secret").write_text("root only\n")
+    (directory / "secret").chmod(0o600)
+    yield directory / "secret"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_root_only_files_in_the_view_stay_closed(runner, root_only_file):
+    """standard shows the host read-only; a root caller's command is still not root there."""
+    # Control: the file is in the view and root reads it outside sbx.
+    assert subprocess.run(["cat", str(root_only_file)], capture_output=True, text=True).stdout == "root only\n"
+    result = runner.run("run", *FULL, "--profile", "standard", "--workdir", str(runner.workdir()), "--",
+                        "sh", "-c", f"ls {root_only_file.parent}; cat {root_only_file} || echo denied")
+    assert verbose_tier(result.stderr) == "KernelFull"
+    assert result.stdout.split() == ["secret", "denied"], result.stdout + result.stderr
+
+
+FORK_UNTIL_REFUSED = r"""
+import os, signal, sys, time
+children = []
+for _ in range(int(sys.argv[1])):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    children.append(pid)
+print(len(children))
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_the_process_count_is_bounded(runner, profiles_dir):
+    capped = profile(profiles_dir, "capped", "[rlimits]\nnproc = 40\n")
+    # Control: the same user outside sbx starts 120 processes.
+    assert as_user(runner, [SYSTEM_PYTHON, "-I", "-S", "-c", FORK_UNTIL_REFUSED, "120"]).stdout.strip() == "120"
+    result = runner.run("run", *FULL, "--profile", capped, "--workdir", str(runner.workdir()), "--",
+                        "python3", "-I", "-S", "-c", FORK_UNTIL_REFUSED, "120")
+    assert result.returncode == 0, result.stderr
+    assert verbose_tier(result.stderr) == "KernelFull"
+    assert int(result.stdout) < 40
+
+
+def test_a_root_callers_command_is_unprivileged_on_the_host_and_its_workdir_stays_writable(root_runner):
+    import random
+    import time
+
+    import psutil
+
+    from sandbox import Sandbox
+
+    work = root_runner.workdir()
+    work.chmod(0o700)  # root's own, closed to everyone else
+    (work / "mine").write_text("mine\n")
+    result = root_runner.run("run", *FULL, "--workdir", str(work), "--", "sh", "-c",
+                             "stat -c %u mine; cat mine; echo made > made")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["65534", "mine"]  # the caller's files are the command's, through the idmap
+    made = work / "made"
+    assert made.read_text() == "made\n" and made.stat().st_uid == 0  # and stay root's on the host
+    assert os.listdir("/run/sbx-idmap") == ["idmap-userns"]  # the staging mount went with the sandbox
+    # Seen from the host, the command runs as 65534, not root. Control: this test process is root.
+    assert os.getuid() == 0
+    marker = f"{random.randint(100, 999)}.{random.randint(10000, 99999)}"
+    process = Sandbox("strict", work).spawn(["sleep", marker])
+    try:
+        deadline = time.monotonic() + 5
+        found = []
+        while not found and time.monotonic() < deadline:
+            found = [p for p in psutil.process_iter(["cmdline", "uids"]) if p.info["cmdline"] == ["sleep", marker]]
+            time.sleep(0.02)
+        assert found and all(p.info["uids"].real == p.info["uids"].effective == 65534 for p in found)
+    finally:
+        process.kill_sandbox()
+        process.wait()
