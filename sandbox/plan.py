@@ -82,6 +82,10 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
         else:
             out.append("bwrap argv: bwrap " + shlex.join(self.bwrap_args)
                        + f" -- {self.stage2_helper} CONFIG_FD KEEP")
+            out.append("bind sources: pinned at launch, each passed as a descriptor (--bind-fd/--ro-bind-fd)")
+            if self.run_as is not None:
+                shown = ", ".join(m.source for m in self.mounts if m.idmap) or "nothing"
+                out.append(f"identity: bwrap runs as host uid {self.run_as} (you are root); idmapped: {shown}")
         if self.exe_fd is not None:
             out.append(f"verified executable: {self.exe_path}, run from sealed descriptor {self.exe_fd}")
         out.append(f"stage 2: {self.stage2_helper}: fd hygiene, rlimits, no_new_privs"
