@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from . import hostview, probes
-from .errors import HostError, UsageError, WorkdirError
+from . import arguments, hostview, probes
+from .errors import HostError, ProfileError, UsageError, WorkdirError
 from .integrity import protected_paths
 from .launch import DirectProcess, prepare
 from .plan import LaunchPlan, Request, build_plan, paths_to_observe
-from .profile import Profile, load_profile
+from .profile import Profile, load_profile, locate_value
 from .seccomp_policy import compiled_bpf, spec_from_profile
 from .tiers import Tier
 
@@ -28,28 +28,37 @@ class Sandbox:
                  ro_binds: Sequence[str] = (), binds: Sequence[str] = (), share_net: bool = False,
                  setenv: Mapping[str, str] | None = None, timeout: float | None = None,
                  capabilities: probes.Capabilities | None = None) -> None:
-        self.profile = profile if isinstance(profile, Profile) else load_profile(str(profile))
-        self.workdir = os.path.abspath(os.fspath(workdir)) if workdir is not None else os.getcwd()
+        if isinstance(profile, Profile):
+            self.profile = profile
+        else:
+            self.profile = load_profile(arguments.path(profile, "profile"))
+        self.workdir = os.path.abspath(arguments.path(workdir, "workdir")) if workdir is not None else os.getcwd()
         if not os.path.isdir(self.workdir):
             raise WorkdirError(f"workdir {self.workdir} is not an existing directory", "create it, or pass another")
+        allow_degraded = arguments.flag(allow_degraded, "allow_degraded")
+        requested = arguments.tier(tier)
+        self._ro_binds = arguments.paths(ro_binds, "ro_binds")
+        self._binds = arguments.paths(binds, "binds")
+        self._share_net = arguments.flag(share_net, "share_net")
+        self._setenv = arguments.variables(setenv, "setenv")
+        timeout = arguments.timeout(timeout)
         self.capabilities = capabilities or probes.host_capabilities()
-        requested = Tier.parse(tier) if isinstance(tier, str) else tier
         self.host_tier = probes.resolve_tier(self.capabilities)
         self.tier, self.degraded_warning = probes.choose_tier(
             self.host_tier, requested, self.profile.tier_floor, allow_degraded, self.profile.name)
         if self.tier.uses_bwrap and not self.capabilities.bwrap_path:
             raise HostError("bubblewrap is needed at this tier but was not found",
                             "apt-get install bubblewrap, then run 'sbx doctor'")
-        self._ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
-        self._binds = tuple(os.path.abspath(p) for p in binds)
-        self._share_net = share_net
-        self._setenv = tuple((setenv or {}).items())
         self.timeout = timeout if timeout is not None else (self.profile.timeout or None)
         self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
                                       protected_paths(self.profile.sources, self.capabilities.bwrap_path))
-        self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"),
-                                                    self._effective_share_net()))
-                     if self.tier.uses_seccomp else None)
+        try:
+            self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"),
+                                                        self._effective_share_net()))
+                         if self.tier.uses_seccomp else None)
+        except ProfileError as exc:  # an unknown syscall name: say where the profile names it
+            where = locate_value(self.profile.sources, "seccomp", getattr(exc, "syscall", ""))
+            raise ProfileError(f"profile {where}: {exc.message}", exc.remedy) from None
         self.plan(["true"])  # refuse a broken configuration now, not at the first call
 
     def _effective_share_net(self) -> bool:
@@ -58,8 +67,8 @@ class Sandbox:
     def _request(self, argv: Sequence[str], preserve_fds: Sequence[int] = (),
                  env: Mapping[str, str] | None = None, exe_fd: int | None = None,
                  exe_path: str | None = None) -> Request:
-        setenv = self._setenv + tuple((env or {}).items())
-        return Request(argv=tuple(argv), workdir=self.workdir, preserve_fds=tuple(preserve_fds),
+        setenv = self._setenv + arguments.variables(env, "env")
+        return Request(argv=arguments.argv(argv), workdir=self.workdir, preserve_fds=arguments.fds(preserve_fds),
                        ro_binds=self._ro_binds, binds=self._binds, share_net=self._share_net,
                        setenv=setenv, host_env=tuple(os.environ.items()), exe_fd=exe_fd,
                        exe_path=exe_path)
@@ -68,9 +77,6 @@ class Sandbox:
              env: Mapping[str, str] | None = None, exe_fd: int | None = None,
              exe_path: str | None = None) -> LaunchPlan:
         """The launch plan for one call (what ``sbx run --dry-run`` prints)."""
-        if isinstance(argv, (str, bytes)):
-            raise UsageError("argv must be a sequence of strings, not one string",
-                             "pass ['cmd', 'arg', ...]")
         request = self._request(argv, preserve_fds, env, exe_fd, exe_path)
         return build_plan(self.profile, self.tier, request, self._host, self.capabilities.landlock_abi,
                           self.capabilities.bwrap_features)
@@ -118,12 +124,13 @@ class Sandbox:
             logging.getLogger("sbx").warning("sbx: warning: %s", self.degraded_warning)
 
     def _plan_with_exe(self, argv, preserve_fds, env, exe_sha256):
+        exe_sha256 = arguments.digest(exe_sha256)
         if exe_sha256 is None:
             return self.plan(argv, preserve_fds, env), None
         from .verified_exe import open_verified
 
         probe_env = dict(self.plan(argv, preserve_fds, env).env)
-        exe = open_verified(argv[0], exe_sha256, probe_env.get("PATH", ""), self.workdir)
+        exe = open_verified(arguments.argv(argv)[0], exe_sha256, probe_env.get("PATH", ""), self.workdir)
         return self.plan(argv, preserve_fds, env, exe_fd=exe.fd, exe_path=exe.path), exe
 
     def run(self, argv: Sequence[str], *, input: object = None, capture_output: bool = False,
@@ -143,7 +150,7 @@ class Sandbox:
         if capture_output:
             popen_kwargs["stdout"] = subprocess.PIPE
             popen_kwargs["stderr"] = subprocess.PIPE
-        timeout = timeout if timeout is not None else self.timeout
+        timeout = arguments.timeout(timeout) if timeout is not None else self.timeout
         with self.spawn(argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256,
                         **popen_kwargs) as process:
             try:
@@ -157,7 +164,7 @@ class Sandbox:
                 process.kill_sandbox()
                 raise
         if process.sandbox_error is not None and process.returncode == 125:
-            raise process.sandbox_error
+            raise _with_bwrap_message(process.sandbox_error, stderr)
         if check and process.returncode:
             raise subprocess.CalledProcessError(process.returncode, list(argv), stdout, stderr)
         return SandboxResult(list(argv), process.returncode, stdout, stderr, tier=self.tier,
@@ -183,3 +190,14 @@ class Sandbox:
             if exe is not None:
                 exe.close()
             raise
+
+
+def _with_bwrap_message(error: Exception, stderr: object) -> Exception:
+    """A bwrap setup failure whose message ``run`` captured: put bwrap's words in the error."""
+    if not getattr(error, "bwrap_failed", False) or not stderr:
+        return error
+    text = stderr if isinstance(stderr, str) else bytes(stderr).decode("utf-8", "replace")
+    said = [line for line in text.splitlines() if line.startswith("bwrap:")] or text.splitlines()[-1:]
+    error.message = error.message.replace("its own message went to the command's stderr", "it said: " + "; ".join(said))
+    error.args = (error.message,)
+    return error

@@ -17,7 +17,7 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _fd_number(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "¹".isdigit() is True, int("¹") is not
         raise UsageError(f"--preserve-fd {text!r} is not a descriptor number", "pass a number such as 7")
     return int(text)
 
@@ -229,7 +229,8 @@ def cmd_run(args: Arguments) -> int:
             process.kill_sandbox()
             process.wait()
             print(f"sbx: error: timeout: the command ran longer than {sandbox.timeout:g} s; "
-                  "the whole sandbox was killed", file=sys.stderr)
+                  "the whole sandbox was killed\nsbx: remedy: raise --timeout (or the profile's [run] timeout) "
+                  "if the command needs longer", file=sys.stderr)
             return EXIT_TIMEOUT
     finally:
         for s, handler in previous.items():

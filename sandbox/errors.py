@@ -109,3 +109,11 @@ class CommandNotExecutable(SandboxError):
     code = "command-not-executable"
     default_remedy = "check the file's execute permission and, for scripts, that the interpreter is visible"
     exit_status = 126
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """A library argument of the wrong type; also a TypeError, as Python code expects."""
+
+
+class ArgumentValueError(UsageError, ValueError):
+    """A library argument with a value sbx cannot use; also a ValueError."""

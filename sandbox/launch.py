@@ -121,12 +121,15 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
                           status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged)
 
 
-def release_staged(staged: list[str]) -> None:
+def release_staged(staged: list[str], background: bool = False) -> None:
     if staged:
-        from .rootcaller import release
+        from .rootcaller import release, release_in_background
 
-        for target in staged:
-            release(target)
+        if background:
+            release_in_background(list(staged))
+        else:
+            for target in staged:
+                release(target)
         staged.clear()
 
 
@@ -179,6 +182,9 @@ class SandboxStatus:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
         self._staged = staged if staged is not None else []
+        # The library's handles may be waited for on an event loop's thread: unmount there
+        # in the background. The CLI (DirectProcess) releases in line before it exits.
+        self.release_in_background = True
         self._data = b""
         self.error: SandboxError | None = None
         self.notes: list[str] = []
@@ -200,7 +206,7 @@ class SandboxStatus:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        release_staged(self._staged)
+        release_staged(self._staged, self.release_in_background)
 
     def translate(self, raw: int, killed_by_us: bool) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""
@@ -218,8 +224,9 @@ class SandboxStatus:
             return 128 - raw  # a signal; bwrap itself already reports 128+N this way
         if not started and not killed_by_us:
             self.error = SetupError(
-                f"bubblewrap could not set up the sandbox (exit status {raw}; its message is above)"
-                if self._uses_bwrap else f"stage 2 did not start (exit status {raw})")
+                f"bubblewrap could not set up the sandbox (exit status {raw}; its own message went to the "
+                "command's stderr)" if self._uses_bwrap else f"stage 2 did not start (exit status {raw})")
+            self.error.bwrap_failed = self._uses_bwrap
             return EXIT_SBX_ERROR
         return raw
 
@@ -250,6 +257,7 @@ class DirectProcess:
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan) -> None:
         self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+        self._status.release_in_background = False
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self.tier = plan.tier

@@ -17,7 +17,7 @@ from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
-SCHEMA_VERSION = 2  # bump when SCHEMA changes: cached validations are then redone
+SCHEMA_VERSION = 3  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -28,8 +28,16 @@ _ABS_PATHS = ("a list of absolute paths",
 _LIMIT = ("a whole number >= 0, or \"unlimited\"",
           lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or v == "unlimited")
 _TIER = ("one of " + ", ".join(t.name for t in Tier), lambda v: isinstance(v, str) and v in Tier.__members__)
-_ENV_MAP = ("a table of string values",
-            lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()))
+_ENV_MAP = ("a table of variable names (no '=' or NUL) to string values (no NUL)",
+            lambda v: isinstance(v, dict) and all(
+                isinstance(x, str) and "\0" not in x and k and "=" not in k and "\0" not in k for k, x in v.items()))
+
+
+def _limit_at_least(minimum: int, why: str) -> tuple:
+    """A limit below which no program (stage 2 included) can run: a profile error, not a
+    crash that would look like the command's own status."""
+    return (f"a whole number >= {minimum} ({why}), or \"unlimited\"",
+            lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= minimum) or v == "unlimited")
 _MIB = ("a whole number of MiB >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20)
 _TIMEOUT = ("a number of seconds >= 0 (0: none)",
             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
@@ -50,7 +58,9 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
         "allow": _STRS, "deny": _STRS,
     },
     "landlock": {"deny_tcp": _BOOL, "scope_signals": _BOOL, "scope_abstract_unix": _BOOL},
-    "rlimits": {"nofile": _LIMIT, "nproc": _LIMIT, "core": _LIMIT, "as": _LIMIT, "cpu": _LIMIT,
+    "rlimits": {"nofile": _limit_at_least(16, "descriptors a program needs to start"), "nproc": _LIMIT,
+                "core": _LIMIT, "as": _limit_at_least(64 << 20, "bytes: 64 MiB; less and no program can start"),
+                "cpu": _limit_at_least(1, "seconds"),
                 "fsize": _LIMIT},
     "run": {"timeout": _TIMEOUT},
 }
@@ -181,7 +191,12 @@ def _load_merged(path: str, chain: tuple, sources: list[str]) -> dict:
     parent_spec = raw.get("extends")
     if parent_spec is None:
         return raw
-    parent_path = find_profile(parent_spec, relative_to=os.path.dirname(path))
+    try:
+        parent_path = find_profile(parent_spec, relative_to=os.path.dirname(path))
+    except ProfileError as exc:
+        line = _line_of(path, None, "extends")
+        raise ProfileError(f"profile {path}{f':{line}' if line else ''}: extends = {parent_spec!r}: {exc.message}",
+                           exc.remedy) from None
     parent = _load_merged(parent_path, (*chain, resolved), sources)
     return _deep_merge(parent, raw)
 
@@ -262,6 +277,33 @@ def _fail(path: str, text: str, table: str | None, key: str, message: str) -> No
     line = find_key_line(text, table, key)
     at = f"{path}:{line}" if line else str(path)
     raise ProfileError(f"profile {at}: {message}", "fix that line; the README lists every profile key")
+
+
+def _line_of(path: str, table: str | None, key: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return find_key_line(f.read(), table, key)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def locate_value(sources: tuple[str, ...], table: str, value: str) -> str:
+    """"FILE:LINE" of the first profile file in ``sources`` whose ``[table]`` mentions
+    ``value`` (for errors found after validation, such as an unknown syscall name)."""
+    for path in sources:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        current = None
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            if stripped.startswith("[") and not stripped.startswith("[["):
+                current = stripped.strip("[]").strip()
+            elif current == table and (f'"{value}"' in line or f"'{value}'" in line):
+                return f"{path}:{number}"
+    return sources[0] if sources else "the profile"
 
 
 def find_key_line(text: str, table: str | None, key: str) -> int | None:

@@ -212,3 +212,27 @@ def sweep_stale() -> None:
         pid = entry.split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):  # not idmap-userns
             release(os.path.join(STAGING_ROOT, entry))
+
+
+_pending = None  # a queue.SimpleQueue of staging directories for the releaser thread
+
+
+def release_in_background(targets: list[str]) -> None:
+    """Release staged mounts from one long-lived daemon thread: an unmount can wait for
+    the kernel (an RCU grace period), and the caller may be an event loop's thread. What a
+    process leaves pending when it exits is swept by the next launch (its pid is dead)."""
+    global _pending
+    import threading
+
+    if _pending is None:
+        import queue
+
+        _pending = queue.SimpleQueue()
+
+        def releaser() -> None:
+            while True:
+                release(_pending.get())
+
+        threading.Thread(target=releaser, name="sbx-idmap-release", daemon=True).start()
+    for target in targets:
+        _pending.put(target)

@@ -236,10 +236,13 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
     def add(flt, action: int, name: str, *args, from_profile: bool = True) -> None:
         try:
             flt.add_rule(action, name, *args)
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError):
             if from_profile:
-                raise ProfileError(f"seccomp: cannot add a rule for syscall {name!r}: {exc}",
-                                   "check the syscall names in the profile's [seccomp] table") from None
+                error = ProfileError(f"[seccomp] names {name!r}, which this libseccomp does not know as a "
+                                     "system call on this architecture",
+                                     "check the syscall names in the profile's [seccomp] table")
+                error.syscall = name
+                raise error from None
 
     main = new_filter(sc.ERRNO(errno.ENOSYS) if spec.mode == "allowlist" else sc.ALLOW)
     for name in spec.denied:

@@ -12,6 +12,9 @@ class Tier(enum.IntEnum):
     KernelSeccompOnly = 1
     KernelFull = 2
 
+    def __str__(self) -> str:
+        return self.name
+
     @property
     def uses_bwrap(self) -> bool:
         return self >= Tier.KernelSeccompOnly

@@ -23,12 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import probes
-from .integrity import CLI_MAIN, import_root, isolated_python
+from .harness import SYSTEM_PYTHON, UNPRIV_UID, User
+from .integrity import import_root
 from .probes_src import source
 from .tiers import Tier
 
-UNPRIV_UID = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"
 FD7 = "exec 7</etc/hostname"
 REFUSED = {1, 13, 38}  # EPERM, EACCES, ENOSYS
 
@@ -69,36 +68,6 @@ def stage_package_copy(dest: Path) -> Path:
     return dest
 
 
-class User:
-    """How to run things as one user: the interpreter, the environment, the wrapper."""
-
-    def __init__(self, name: str, uid: int | None, python: str, env: dict, import_root: str) -> None:
-        self.name, self.uid, self.python, self.env, self.import_root = name, uid, python, env, import_root
-
-    def python_argv(self, code: str, *args: str) -> list[str]:
-        """This user's Python running ``code``, isolated from the cwd and the environment."""
-        return [*isolated_python(self.python, self.import_root, code), *args]
-
-    def wrap(self, argv: list[str], fds: str = "") -> list[str]:
-        if fds:
-            argv = ["/bin/sh", "-c", f'{fds}; exec "$@"', "sh", *argv]
-        if self.uid is None:
-            return argv
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *argv]
-
-    def run(self, argv: list[str], fds: str = "") -> subprocess.CompletedProcess:
-        # cwd "/": nothing in the caller's directory is looked at (the drivers also run -I).
-        return subprocess.run(self.wrap(argv, fds), capture_output=True, text=True, env=self.env, timeout=120,
-                              cwd="/")
-
-    def workdir(self, scratch: Path) -> str:
-        path = Path(tempfile.mkdtemp(prefix=f"work-{self.name}-", dir=scratch))
-        path.chmod(0o755)
-        if self.uid is not None:
-            os.chown(path, self.uid, self.uid)
-        return str(path)
-
-
 def _json_line(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
         if line.startswith("{"):
@@ -123,10 +92,10 @@ def _sandboxed(user: User, path: str, tier: Tier, workdir: str, argv: list[str],
         flags = ["--verbose", "--tier", tier.name, "--allow-degraded", "--workdir", workdir]
         for fd in preserve:
             flags += ["--preserve-fd", str(fd)]
-        out = user.run(user.python_argv(CLI_MAIN, "run", *flags, "--", *argv), fds)
+        out = user.run("run", *flags, "--", *argv, fds=fds)
         return _tier_from_verbose(out.stderr), out, _json_line(out.stdout)
     params = {"profile": "strict", "workdir": workdir, "tier": tier.name, "argv": argv, "preserve": preserve}
-    out = user.run(user.python_argv(LIBRARY_DRIVER, json.dumps(params)), fds)
+    out = user.run_argv(user.python_argv(LIBRARY_DRIVER, json.dumps(params)), fds=fds)
     driver = _json_line(out.stdout) or {}
     inner = subprocess.CompletedProcess(argv, driver.get("returncode", out.returncode),
                                         driver.get("stdout", ""), driver.get("stderr", out.stderr))
@@ -135,12 +104,12 @@ def _sandboxed(user: User, path: str, tier: Tier, workdir: str, argv: list[str],
 
 def fd_hygiene_case(user: User, path: str, tier: Tier, scratch: Path) -> CaseResult:
     probe = ["python3", "-I", "-S", "-c", source("fdprobe")]
-    result = CaseResult("fd hygiene: fd 7 not visible", path, tier.name, user.name, "INCONCLUSIVE", "")
-    outside = _json_line(user.run([SYSTEM_PYTHON, "-I", "-S", "-c", source("fdprobe")], FD7).stdout)
+    result = CaseResult("fd hygiene: fd 7 not visible", path, tier.name, user.label, "INCONCLUSIVE", "")
+    outside = _json_line(user.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", source("fdprobe")], fds=FD7).stdout)
     if not outside or 7 not in outside["fds"]:
         result.detail = "control failed: the probe outside sbx did not see fd 7"
         return result
-    workdir = user.workdir(scratch)
+    workdir = str(user.workdir(scratch))
     ran_at, _, kept = _sandboxed(user, path, tier, workdir, probe, [7], FD7)
     if ran_at != tier.name or not kept or kept["fds"] != [0, 1, 2, 7]:
         result.detail = f"control failed: a --preserve-fd 7 run (tier {ran_at}) saw {kept and kept['fds']}"
@@ -158,13 +127,13 @@ def fd_hygiene_case(user: User, path: str, tier: Tier, scratch: Path) -> CaseRes
 
 def landlock_case(user: User, scratch: Path) -> CaseResult:
     result = CaseResult("Landlock: preserved directory fd cannot be read through", "cli",
-                        Tier.KernelFull.name, user.name, "INCONCLUSIVE", "")
+                        Tier.KernelFull.name, user.label, "INCONCLUSIVE", "")
     secret_dir = Path(tempfile.mkdtemp(prefix="sbx-verify-", dir="/var/tmp"))
     try:
         secret_dir.chmod(0o755)
         (secret_dir / "secret").write_text("verify-secret\n")
         (secret_dir / "secret").chmod(0o644)
-        workdir = user.workdir(scratch)
+        workdir = str(user.workdir(scratch))
         argv = ["cat", "/proc/self/fd/8/secret"]
         fds = f"exec 8<{secret_dir}"
         ran_at, control, _ = _sandboxed(user, "cli", Tier.KernelSeccompOnly, workdir, argv, [8], fds)
@@ -185,8 +154,8 @@ def landlock_case(user: User, scratch: Path) -> CaseResult:
 
 def seccomp_case(user: User, tier: Tier, control: dict, scratch: Path) -> CaseResult:
     result = CaseResult("seccomp: denied calls refused, required calls reach the kernel", "cli", tier.name,
-                        user.name, "INCONCLUSIVE", "")
-    ran_at, proc, inside = _sandboxed(user, "cli", tier, user.workdir(scratch),
+                        user.label, "INCONCLUSIVE", "")
+    ran_at, proc, inside = _sandboxed(user, "cli", tier, str(user.workdir(scratch)),
                                       ["python3", "-I", "-S", "-c", source("syscalls")], [], "")
     if ran_at != tier.name or inside is None:
         result.result, result.detail = "FAIL", f"the probe did not run at {tier.name}: {proc.stderr.strip()[-200:]}"
@@ -215,15 +184,14 @@ def run_verification() -> dict:
     scratch.chmod(0o755)
     cases: list[CaseResult] = []
     try:
-        me = User("root" if os.geteuid() == 0 else f"uid {os.geteuid()}", None, sys.executable,
-                  dict(os.environ), import_root())
+        me = User("root" if os.geteuid() == 0 else f"uid {os.geteuid()}", sys.executable, dict(os.environ),
+                  import_root())
         users = [me]
         if os.geteuid() == 0:
             staged = stage_package_copy(Path(tempfile.mkdtemp(prefix="pkg-", dir=scratch)))
-            users.append(User("nobody", UNPRIV_UID, SYSTEM_PYTHON,
-                              {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(staged),
-                               "LANG": "C.UTF-8"}, str(staged)))
-        control = _json_line(me.run([SYSTEM_PYTHON, "-I", "-S", "-c", source("syscalls")]).stdout) or {}
+            users.append(User("nobody", SYSTEM_PYTHON, {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(staged),
+                                                        "LANG": "C.UTF-8"}, str(staged), UNPRIV_UID))
+        control = _json_line(me.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", source("syscalls")]).stdout) or {}
         for user in users:
             for path in ("cli", "library"):
                 for tier in tiers:
@@ -232,7 +200,7 @@ def run_verification() -> dict:
                 cases.append(landlock_case(user, scratch))
             for tier in tiers:
                 cases.append(seccomp_case(user, tier, control, scratch) if control else
-                             CaseResult("seccomp", "cli", tier.name, user.name, "INCONCLUSIVE",
+                             CaseResult("seccomp", "cli", tier.name, user.label, "INCONCLUSIVE",
                                         "control failed: the probe did not run outside the sandbox"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -10,62 +10,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from sandbox.harness import SYSTEM_PYTHON, UNPRIV_UID  # noqa: F401 (re-exported for the tests)
+from sandbox.harness import User as Runner  # the one harness, shared with sbx verify
+
 REPO = Path(__file__).resolve().parent.parent  # the checkout: README, scripts, sources
 # The suite tests the installed sbx (scripts/test runs pytest with -I): its compiled stage 2
 # exists only there.
-UNPRIV_UID = 65534
-SYSTEM_PYTHON = "/usr/bin/python3"  # visible inside strict, reachable by every uid
 
 
 def _shared_dir(prefix: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     path.chmod(0o755)
     return path
-
-
-@dataclass
-class Runner:
-    """Runs the sbx CLI as one user (isolated from the cwd, as sbx runs its own Python),
-    with fds passed through unchanged."""
-
-    label: str
-    python: str
-    env: dict
-    import_root: str
-    uid: int | None = None
-
-    def argv(self, *args: str) -> list[str]:
-        from sandbox.integrity import CLI_MAIN, isolated_python
-
-        base = [*isolated_python(self.python, self.import_root, CLI_MAIN), *args]
-        if self.uid is None:
-            return base
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", *base]
-
-    def run(self, *args: str, pass_fds=(), cwd=None, timeout=60, input=None,
-            fds: str = "") -> subprocess.CompletedProcess:
-        """Run sbx. ``fds`` is a shell redirection run first in the caller, e.g.
-        ``exec 7</etc/hostname`` (fd 7 open and inheritable) or ``exec 9<&-`` (fd 9 closed);
-        it runs in a child so the test process's own descriptors stay untouched."""
-        argv = self.argv(*args)
-        if fds:
-            argv = with_fds(fds, argv)
-        return subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds,
-                              cwd=cwd, env=self.env, timeout=timeout, input=input)
-
-    def workdir(self) -> Path:
-        path = _shared_dir(f"sbx-work-{self.label}-")
-        if self.uid is not None:
-            os.chown(path, self.uid, self.uid)
-        return path
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,9 +44,53 @@ def test_sbx_errors_are_125(run):
     assert result.stderr.startswith("sbx: error: profile: ")
 
 
-def test_bwrap_setup_failure_is_125_not_the_commands_1(run):
-    result = run("--ro-bind", "/nonexistent-sbx-path", "--", "true")
-    assert result.returncode == 125
+@pytest.fixture
+def failing_bwrap():
+    """A bwrap that passes the host probes (it runs the real one) but fails a real launch
+    (bwrap's options arrive by --args only then) with status 1, before stage 2 starts:
+    exactly a setup failure that must not pass for the command's own status 1."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    directory = Path(tempfile.mkdtemp(prefix="sbx-bwrap-stub-", dir="/tmp"))
+    directory.chmod(0o755)  # run as root, sbx starts bwrap as uid 65534: it must reach the stub
+    stub = directory / "bwrap"
+    stub.write_text('#!/bin/sh\ncase " $* " in *" --args "*) echo "bwrap: stub refuses" >&2; exit 1;; esac\n'
+                    'exec /usr/bin/bwrap "$@"\n')
+    stub.chmod(0o755)
+    yield str(stub)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_bwrap_setup_failure_is_125_not_the_commands_1(root_runner, tmp_path, failing_bwrap):
+    cache = tmp_path / "cache"
+    work = tmp_path / "work"
+    work.mkdir()
+    stubbed = root_runner.replace(env={**root_runner.env, "SBX_BWRAP": failing_bwrap,
+                                                    "SBX_CACHE_DIR": str(cache)})
+    # Control: through the same stub, the host probes pass (the tier is KernelFull) and a
+    # command that exits 1 by itself is reported as 1.
+    doctor = stubbed.run("doctor")
+    assert "tier: KernelFull" in doctor.stdout, doctor.stdout
+    result = stubbed.run("run", "--workdir", str(work), "--", "sh", "-c", "exit 1")
+    assert result.returncode == 125, result.stderr
+    assert "sbx: error: setup: bubblewrap could not set up the sandbox (exit status 1" in result.stderr
+    assert "bwrap: stub refuses" in result.stderr
+    plain = root_runner.run("run", "--workdir", str(work), "--", "sh", "-c", "exit 1")
+    assert plain.returncode == 1 and "sbx: error" not in plain.stderr
+
+
+def test_the_library_reports_what_bwrap_said(tmp_path, failing_bwrap, monkeypatch):
+    from sandbox import Sandbox, SetupError
+
+    monkeypatch.setenv("SBX_BWRAP", failing_bwrap)
+    monkeypatch.setenv("SBX_CACHE_DIR", str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(SetupError) as error:
+        Sandbox("strict", work).run(["true"], capture_output=True)
+    assert "bwrap: stub refuses" in str(error.value)
 
 
 def run_script(run, tmp_path, first_line: str, mode: int):

@@ -5,7 +5,6 @@ run after every attack is checked to be fully enforced. As root and as uid 65534
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import shutil
@@ -53,7 +52,7 @@ def owned_dir(runner, prefix: str) -> Path:
 def with_env(runner, **changes):
     env = {k: v for k, v in runner.env.items() if k not in changes}
     env.update({k: v for k, v in changes.items() if v is not None})
-    return dataclasses.replace(runner, env=env)
+    return runner.replace(env=env)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +207,7 @@ def own_installation(runner):
 
     home = stage_package_copy(owned_dir(runner, "sbx-integrity-install-"))
     subprocess.run(["chown", "-R", f"{runner.uid or 0}:{runner.uid or 0}", str(home)], check=True)
-    yield dataclasses.replace(runner, import_root=str(home))
+    yield runner.replace(import_root=str(home))
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -140,12 +140,17 @@ def test_changed_profile_is_not_served_a_stale_filter(tmp_path, monkeypatch):
     monkeypatch.setenv("SBX_CACHE_DIR", str(tmp_path / "cache"))
     base = seccomp_policy.spec_from_profile({"mode": "allowlist", "allow": [], "deny": []}, share_net=False)
     changed = seccomp_policy.spec_from_profile({"mode": "allowlist", "allow": [], "deny": ["uname"]}, share_net=False)
+    compiled = []
+    real_compile = seccomp_policy.compile_bpf
+    monkeypatch.setattr(seccomp_policy, "compile_bpf", lambda spec: compiled.append(spec) or real_compile(spec))
     first = seccomp_policy.compiled_bpf(base)
-    assert seccomp_policy.compiled_bpf(base) == first  # served from the cache
+    assert seccomp_policy.compiled_bpf(base) == first
+    assert compiled == [base]  # the second call was served from the cache, not compiled again
     assert len(list((tmp_path / "cache").iterdir())) == 1
     second = seccomp_policy.compiled_bpf(changed)
+    assert compiled == [base, changed]  # a changed profile is compiled, not served the stale filter
     assert second != first
-    assert second == seccomp_policy.compile_bpf(changed)
+    assert second == real_compile(changed)
     assert seccomp_policy.cache_key(base) != seccomp_policy.cache_key(changed)
 
 

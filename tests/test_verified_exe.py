@@ -48,8 +48,12 @@ def test_right_digest_runs_a_script_from_an_unbound_directory(root_runner, tmp_p
     assert result.returncode == 0, result.stderr
     assert result.stdout == "reviewed\n"
     # The directory itself stays invisible: only the verified file was made runnable.
-    neighbour = root_runner.run("run", "--workdir", str(tmp_path), "--", "cat", os.path.join(outside_dir, "neighbour.sh"))
-    assert neighbour.returncode != 0
+    neighbour_path = os.path.join(outside_dir, "neighbour.sh")
+    neighbour = root_runner.run("run", "--workdir", str(tmp_path), "--", "cat", neighbour_path)
+    assert neighbour.returncode != 0 and "neighbour" not in neighbour.stdout
+    # Control: shown read-only, the same cat reads it; so the failure above is the view's doing.
+    shown = root_runner.run("run", "--workdir", str(tmp_path), "--ro-bind", outside_dir, "--", "cat", neighbour_path)
+    assert shown.returncode == 0 and "neighbour" in shown.stdout, shown.stderr
 
 
 def test_wrong_digest_refuses_and_runs_nothing(root_runner, tmp_path):

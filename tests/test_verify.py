@@ -31,8 +31,7 @@ def _me() -> verify.User:
     import sys
     from pathlib import Path
 
-    return verify.User("root", None, sys.executable, dict(os.environ),
-                       str(Path(verify.__file__).resolve().parent.parent))
+    return verify.User("root", sys.executable, dict(os.environ), str(Path(verify.__file__).resolve().parent.parent))
 
 
 def test_a_failed_control_is_inconclusive_not_pass(monkeypatch, tmp_path):
