@@ -177,6 +177,16 @@ def seccomp_case(user: User, tier: Tier, control: dict, scratch: Path) -> CaseRe
 
 
 def run_verification() -> dict:
+    return report_of(*collect_cases())
+
+
+def report_of(facts: dict, cases: list[CaseResult]) -> dict:
+    """The report; it passed only when there were cases and every one is a PASS."""
+    return {"host": facts, "cases": [asdict(c) for c in cases],
+            "passed": bool(cases) and all(c.result == "PASS" for c in cases)}
+
+
+def collect_cases() -> tuple[dict, list[CaseResult]]:
     caps = probes.host_capabilities(refresh=True)
     host_tier = probes.resolve_tier(caps)
     tiers = [t for t in (Tier.KernelFull, Tier.KernelSeccompOnly) if t <= host_tier]
@@ -211,8 +221,7 @@ def run_verification() -> dict:
     if not tiers:
         cases.append(CaseResult("kernel tiers", "-", host_tier.name, "-", "INCONCLUSIVE",
                                 "this host resolves no kernel tier: nothing kernel-enforced to verify"))
-    return {"host": facts, "cases": [asdict(c) for c in cases],
-            "passed": bool(cases) and all(c.result == "PASS" for c in cases)}
+    return facts, cases
 
 
 def render_table(report: dict) -> str:

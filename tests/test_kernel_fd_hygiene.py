@@ -43,16 +43,18 @@ def test_this_host_resolves_kernel_full(runner):
     assert data["landlock_abi"] >= 1
 
 
-def test_positive_control_unguarded_child_sees_fd7():
+@pytest.fixture(scope="module")
+def unguarded_child_sees_fd7():
+    """Positive control gating the leak tests (an error, not a pass, when it fails): the
+    same probe without sbx sees the leaked fd 7 and reads it."""
     out = subprocess.run(with_fds(FD7, [SYSTEM_PYTHON, "-I", "-S", "-c", probe_source("fdprobe")]),
                          capture_output=True, text=True, check=True)
     seen = parse_json_line(out.stdout)
-    assert 7 in seen["fds"]
-    assert seen["first_bytes"]["7"] == HOSTNAME
+    assert 7 in seen["fds"] and seen["first_bytes"]["7"] == HOSTNAME, seen
 
 
 @pytest.mark.parametrize("tier", TIER_ARGS)
-def test_leaked_fd7_is_not_visible(runner, tier):
+def test_leaked_fd7_is_not_visible(runner, tier, unguarded_child_sees_fd7):
     workdir = runner.workdir()
     result = runner.run("run", "--verbose", *TIER_ARGS[tier], "--workdir", str(workdir), "--", *probe_argv(),
                         fds=FD7)
@@ -107,16 +109,18 @@ def _run_with_leak(tier: str, preserve: tuple[int, ...], workdir: str) -> tuple[
     return parse_json_line(out.stdout), plan
 
 
-@pytest.mark.parametrize("tier", STAGE2_TIERS)
-def test_stage2_hygiene_drops_a_descriptor_bwrap_inherited(tier, leaked_fd, tmp_path):
-    seen, plan = _run_with_leak(tier, (), str(tmp_path))
+@pytest.fixture(params=STAGE2_TIERS)
+def stage2_tier(request, leaked_fd, tmp_path_factory):
+    """Positive control gating the stage 2 hygiene test at each tier: preserved, the same
+    leaked descriptor does reach the command through the same path."""
+    tier = request.param
+    seen, plan = _run_with_leak(tier, (leaked_fd,), str(tmp_path_factory.mktemp("control")))
     assert plan.tier.name == tier
+    assert seen["fds"] == [0, 1, 2, leaked_fd] and seen["first_bytes"][str(leaked_fd)] == HOSTNAME, seen
+    return tier
+
+
+def test_stage2_hygiene_drops_a_descriptor_bwrap_inherited(stage2_tier, tmp_path):
+    seen, plan = _run_with_leak(stage2_tier, (), str(tmp_path))
+    assert plan.tier.name == stage2_tier
     assert seen["fds"] == [0, 1, 2]
-
-
-@pytest.mark.parametrize("tier", STAGE2_TIERS)
-def test_stage2_hygiene_control_keeps_a_preserved_descriptor(tier, leaked_fd, tmp_path):
-    seen, plan = _run_with_leak(tier, (leaked_fd,), str(tmp_path))
-    assert plan.tier.name == tier
-    assert seen["fds"] == [0, 1, 2, leaked_fd]
-    assert seen["first_bytes"][str(leaked_fd)] == HOSTNAME

@@ -35,19 +35,22 @@ def _read_through_dir_fd(runner, tier, directory):
                       fds=f"exec 8<{directory}")
 
 
-def test_landlock_stops_a_preserved_directory_fd(runner, secret_dir):
-    result = _read_through_dir_fd(runner, "KernelFull", secret_dir)
+@pytest.fixture
+def dir_fd_reads_through_without_landlock(runner, secret_dir):
+    """Positive control gating the Landlock test: without Landlock (KernelSeccompOnly) the
+    same read through the same preserved directory fd succeeds."""
+    result = _read_through_dir_fd(runner, "KernelSeccompOnly", secret_dir)
+    assert verbose_tier(result.stderr) == "KernelSeccompOnly"
+    assert result.returncode == 0 and result.stdout == "behind a directory fd\n", result.stderr
+    return secret_dir
+
+
+def test_landlock_stops_a_preserved_directory_fd(runner, dir_fd_reads_through_without_landlock):
+    result = _read_through_dir_fd(runner, "KernelFull", dir_fd_reads_through_without_landlock)
     assert verbose_tier(result.stderr) == "KernelFull"
     assert result.returncode != 0
     assert "behind a directory fd" not in result.stdout
     assert "Permission denied" in result.stderr
-
-
-def test_positive_control_without_landlock_the_dir_fd_reads_through(runner, secret_dir):
-    result = _read_through_dir_fd(runner, "KernelSeccompOnly", secret_dir)
-    assert verbose_tier(result.stderr) == "KernelSeccompOnly"
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "behind a directory fd\n"
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +81,16 @@ def test_seccomp_denies_dangerous_calls_and_lets_required_ones_through(runner, t
         assert answer["errno"] not in REFUSED, name
 
 
+@pytest.fixture(scope="module")
+def status_outside_has_no_filter():
+    """Positive control gating the status test: the same cat outside sbx shows Seccomp 0."""
+    out = subprocess.run(with_fds(":", ["cat", "/proc/self/status"]), capture_output=True, text=True, check=True)
+    status = dict(line.split(":\t", 1) for line in out.stdout.splitlines() if ":\t" in line)
+    assert status["Seccomp"].strip() == "0" and status["NoNewPrivs"].strip() == "0", status
+
+
 @pytest.mark.parametrize("tier", TIER_ARGS)
-def test_status_shows_seccomp_no_new_privs_and_no_capabilities(runner, tier):
+def test_status_shows_seccomp_no_new_privs_and_no_capabilities(runner, tier, status_outside_has_no_filter):
     result = runner.run("run", "--verbose", *TIER_ARGS[tier], "--workdir", str(runner.workdir()), "--",
                         "cat", "/proc/self/status")
     assert result.returncode == 0, result.stderr
@@ -89,9 +100,3 @@ def test_status_shows_seccomp_no_new_privs_and_no_capabilities(runner, tier):
     assert status["NoNewPrivs"].strip() == "1"
     assert int(status["CapEff"], 16) == 0
     assert int(status["CapPrm"], 16) == 0
-
-
-def test_positive_control_status_outside_has_no_filter():
-    out = subprocess.run(with_fds(":", ["cat", "/proc/self/status"]), capture_output=True, text=True, check=True)
-    status = dict(line.split(":\t", 1) for line in out.stdout.splitlines() if ":\t" in line)
-    assert status["Seccomp"].strip() == "0"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sandbox import verify
 from sandbox.tiers import Tier
 
@@ -52,8 +54,10 @@ def test_a_visible_descriptor_is_a_fail(monkeypatch, tmp_path):
     assert case.result == "FAIL" and "[0, 1, 2, 7]" in case.detail
 
 
-def test_exit_status_is_nonzero_unless_every_case_passed(monkeypatch, capsys):
-    report = {"host": {}, "cases": [], "passed": False}
-    monkeypatch.setattr(verify, "run_verification", lambda: report)
-    assert verify.cmd_verify(type("Args", (), {"json": True, "output": None})()) == 1
-    assert json.loads(capsys.readouterr().out)["passed"] is False
+@pytest.mark.parametrize("results, status", [
+    (["PASS", "PASS"], 0), (["PASS", "FAIL"], 1), (["PASS", "INCONCLUSIVE"], 1), ([], 1)])
+def test_exit_status_is_nonzero_unless_every_case_passed(monkeypatch, capsys, results, status):
+    cases = [verify.CaseResult("check", "cli", "KernelFull", "root", r, "") for r in results]
+    monkeypatch.setattr(verify, "collect_cases", lambda: ({"tier": "KernelFull"}, cases))
+    assert verify.cmd_verify(type("Args", (), {"json": True, "output": None})()) == status
+    assert json.loads(capsys.readouterr().out)["passed"] is (status == 0)
