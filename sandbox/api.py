@@ -83,12 +83,15 @@ class Sandbox:
 
     def spawn(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
               env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
-              **popen_kwargs: object) -> SandboxProcess:  # noqa: F821 (from .process, imported when used)
+              timeout: float | None = None, **popen_kwargs: object) -> SandboxProcess:  # noqa: F821 (from .process, imported when used)
         """Start ``argv`` in the sandbox and return a ``subprocess.Popen`` for it.
 
         ``env`` adds variables to the profile's environment. stdin/stdout/stderr, text,
         encoding, errors and bufsize are passed to Popen; ``preserve_fds`` keep their numbers.
+        ``timeout`` (default: the Sandbox's) is a deadline: when it passes, the whole sandbox
+        is killed, whether or not anything waits, and its status becomes 124 (``timed_out``).
         """
+        deadline = self._deadline(timeout)
         for key in ("pass_fds", "close_fds", "cwd", "preexec_fn", "start_new_session", "shell",
                     "executable", "process_group", "user", "group", "extra_groups", "umask"):
             if key in popen_kwargs:
@@ -99,7 +102,7 @@ class Sandbox:
         from .process import launch
 
         try:
-            return launch(plan, self.capabilities.bwrap_path, self._bpf, **popen_kwargs)
+            return launch(plan, self.capabilities.bwrap_path, self._bpf, deadline, **popen_kwargs)
         finally:
             if exe is not None:
                 exe.close()
@@ -150,16 +153,10 @@ class Sandbox:
         if capture_output:
             popen_kwargs["stdout"] = subprocess.PIPE
             popen_kwargs["stderr"] = subprocess.PIPE
-        timeout = arguments.timeout(timeout) if timeout is not None else self.timeout
-        with self.spawn(argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256,
+        with self.spawn(argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256, timeout=timeout,
                         **popen_kwargs) as process:
             try:
-                stdout, stderr = process.communicate(input, timeout=timeout)
-            except subprocess.TimeoutExpired as exc:
-                process.kill_sandbox()
-                process.timed_out = True
-                exc.stdout, exc.stderr = process.communicate()
-                raise
+                stdout, stderr = process.communicate(input)  # the deadline ends it, if set
             except BaseException:
                 process.kill_sandbox()
                 raise
@@ -168,17 +165,22 @@ class Sandbox:
         if check and process.returncode:
             raise subprocess.CalledProcessError(process.returncode, list(argv), stdout, stderr)
         return SandboxResult(list(argv), process.returncode, stdout, stderr, tier=self.tier,
-                             sandbox_error=process.sandbox_error)
+                             sandbox_error=process.sandbox_error, timed_out=process.timed_out)
 
     async def spawn_async(self, argv: Sequence[str], *, preserve_fds: Sequence[int] = (),
                           env: Mapping[str, str] | None = None, exe_sha256: str | None = None,
                           stdin: object = None, stdout: object = None, stderr: object = None,
-                          limit: int = 2 ** 16) -> object:
+                          limit: int = 2 ** 16, timeout: float | None = None) -> object:
         """Like ``spawn``, returning an ``asyncio.subprocess.Process`` (see ``aio.py``)."""
         from .aio import spawn_async
 
         return await spawn_async(self, argv, preserve_fds=preserve_fds, env=env, exe_sha256=exe_sha256,
-                                 stdin=stdin, stdout=stdout, stderr=stderr, limit=limit)
+                                 stdin=stdin, stdout=stdout, stderr=stderr, limit=limit,
+                                 timeout=self._deadline(timeout))
+
+    def _deadline(self, timeout: object) -> float | None:
+        """A call's timeout, validated, else the Sandbox's (constructor or profile)."""
+        return arguments.timeout(timeout) if timeout is not None else self.timeout
 
     # For aio.py: the same preparation the synchronous path uses.
     def _prepare(self, argv, preserve_fds, env, exe_sha256):

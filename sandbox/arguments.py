@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from .errors import ArgumentTypeError, ArgumentValueError
 from .tiers import Tier
 
+MAX_TIMEOUT = 10**7  # seconds (about 115 days): longer is no timeout, and overflows poll(2)
+
 
 def _type_name(value: object) -> str:
     return type(value).__name__
@@ -29,7 +31,18 @@ def path(value: object, name: str) -> str:
         raise ArgumentValueError(f"{name} contains a NUL byte: {text!r}", "remove the NUL byte")
     if not text:
         raise ArgumentValueError(f"{name} is empty", "pass a path")
+    encodable(text, name)
     return text
+
+
+def encodable(text: str, name: str) -> None:
+    """A str that cannot become bytes for the kernel (a lone surrogate that is not one of
+    os.fsdecode's escapes) is refused here rather than failing deep inside."""
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        raise ArgumentValueError(f"{name} = {text!r} cannot be encoded for the system", "pass bytes, or valid text") \
+            from None
 
 
 def paths(value: object, name: str) -> tuple[str, ...]:
@@ -52,6 +65,7 @@ def argv(value: object) -> tuple[str, ...]:
         text = os.fsdecode(os.fspath(item))
         if "\0" in text:
             raise ArgumentValueError(f"argv[{i}] contains a NUL byte: {text!r}", "remove the NUL byte")
+        encodable(text, f"argv[{i}]")
         out.append(text)
     if not out or not out[0]:
         raise ArgumentValueError("argv is empty" if not out else "argv[0] is empty",
@@ -95,6 +109,8 @@ def check_variable(key: object, val: object, where: str) -> None:
                                  "use a name such as LANG")
     if "\0" in val:
         raise ArgumentValueError(f"{where}: the value holds a NUL byte", "remove the NUL byte")
+    encodable(key, where)
+    encodable(val, where)
 
 
 def timeout(value: object, name: str = "timeout") -> float | None:
@@ -103,9 +119,9 @@ def timeout(value: object, name: str = "timeout") -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentTypeError(f"{name} must be a number of seconds or None, not {_type_name(value)}",
                                 "pass e.g. timeout=30")
-    if not value > 0 or value != value or value == float("inf"):
-        raise ArgumentValueError(f"{name} = {value!r}: a timeout must be more than 0 seconds (None: no timeout)",
-                                 "pass e.g. timeout=30, or None")
+    if not 0 < value <= MAX_TIMEOUT:  # also refuses nan; checked before float(): 10**400 overflows
+        raise ArgumentValueError(f"{name} = {value!r}: a timeout is more than 0 and at most {MAX_TIMEOUT} seconds "
+                                 "(None: no timeout)", "pass e.g. timeout=30, or None")
     return float(value)
 
 

@@ -27,8 +27,9 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise UsageError(f"--timeout {text!r} is not a number of seconds", "pass e.g. --timeout 30") from None
-    if not value > 0:
-        raise UsageError(f"--timeout {text!r}: the timeout must be more than 0 seconds", "pass e.g. --timeout 30")
+    if not 0 < value <= 10**7:  # nan and inf too
+        raise UsageError(f"--timeout {text!r}: the timeout is more than 0 and at most 10000000 seconds",
+                         "pass e.g. --timeout 30")
     return value
 
 
@@ -161,6 +162,10 @@ def parse(argv: Sequence[str]) -> Arguments | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A path or argument that is not UTF-8 is printed as the bytes it is, never a traceback.
+    for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=errors)
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except SandboxError as exc:

@@ -25,8 +25,14 @@ class SandboxError(Exception):
         return self.message
 
     def render(self) -> str:
-        """The two lines the CLI prints (without a trailing newline)."""
-        return f"sbx: error: {self.code}: {self.message}\nsbx: remedy: {self.remedy}"
+        """The two lines the CLI prints (without a trailing newline). A newline or other
+        control character in a message (a path can hold one) is shown escaped, so a path
+        can never forge a line of its own."""
+        return f"sbx: error: {self.code}: {_one_line(self.message)}\nsbx: remedy: {_one_line(self.remedy)}"
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 class UsageError(SandboxError):
@@ -117,3 +123,11 @@ class ArgumentTypeError(UsageError, TypeError):
 
 class ArgumentValueError(UsageError, ValueError):
     """A library argument with a value sbx cannot use; also a ValueError."""
+
+
+class SandboxTimeout(SandboxError):
+    """The sandbox's timeout fired: the whole sandbox was killed (exit status 124)."""
+
+    code = "timeout"
+    exit_status = 124
+    default_remedy = "raise the timeout (--timeout, timeout=, or the profile's [run] timeout) if the command needs longer"

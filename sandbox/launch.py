@@ -25,6 +25,7 @@ from .errors import (
     CommandNotFound,
     PreservedFdError,
     SandboxError,
+    SandboxTimeout,
     SetupError,
     UsageError,
 )
@@ -208,10 +209,13 @@ class SandboxStatus:
             self._fd = None
         release_staged(self._staged, self.release_in_background)
 
-    def translate(self, raw: int, killed_by_us: bool) -> int:
+    def translate(self, raw: int, killed_by_us: bool, timed_out: bool = False) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""
         self.drain()
         self.close()
+        if timed_out:
+            self.error = SandboxTimeout("the sandbox ran past its timeout; the whole sandbox was killed")
+            return self.error.exit_status
         records = parse_status(self._data)
         started = any(r.kind == "started" for r in records)
         for record in records:
@@ -287,8 +291,15 @@ class DirectProcess:
 
             poller = select.poll()
             poller.register(self._pidfd, select.POLLIN)
-            while not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
-                if timeout is not None:
+            import time
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                # poll(2) takes at most 2**31-1 ms: wait in slices of an hour.
+                if poller.poll(None if left is None else max(0, int(min(left, 3600) * 1000))):
+                    break
+                if left is not None and left <= 0:
                     return None
             _, raw = os.waitpid(self.pid, 0)
             os.close(self._pidfd)
@@ -306,7 +317,7 @@ class DirectProcess:
         """SIGKILL every process in the sandbox, grandchildren included."""
         if self.returncode is None:
             self._killed_by_us = True
-            kill_sandbox_tree(self.pid, self._uses_bwrap)
+            kill_sandbox_tree(self.pid, self._uses_bwrap, self._pidfd)
 
 
 def _close_other_fds(keep: set[int]) -> list[tuple]:
@@ -336,18 +347,48 @@ def signal_command(pid: int, uses_bwrap: bool, signum: int) -> None:
             pass
 
 
-def kill_sandbox_tree(pid: int, uses_bwrap: bool) -> None:
-    """SIGKILL the sandbox rooted at ``pid`` (bwrap, or stage 2's exec on EnvironmentOnly)."""
+def open_pidfd(pid: int) -> int | None:
+    # Safe: a descriptor on our own child, taken right after the spawn; it names that
+    # process and no other, even once its pid is reused.
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> None:
+    """SIGKILL the sandbox rooted at ``pid`` (bwrap, or stage 2's exec on EnvironmentOnly).
+
+    ``pidfd`` (from ``open_pidfd``) guards against pid reuse: a child already reaped by
+    someone else (asyncio's child watcher reaps in a thread) is not ours to signal, and
+    its pid or process group may belong to another sandbox by now.
+    """
+    if pidfd is not None:
+        import select
+
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if poller.poll(0):
+            return  # it has exited: its pid is no longer a safe name for it
     if uses_bwrap:
-        # bwrap's --die-with-parent and the pid namespace do the rest: when the pid-1
-        # reaper dies, the kernel kills everything else in the namespace.
-        victims = [pid]
+        # The whole process group, not only bwrap: bwrap's pid-1 reaper is in it (bwrap was
+        # started in a session of its own and only the command inside calls setsid), so it
+        # dies even in the window after its fork before it has set --die-with-parent's
+        # PR_SET_PDEATHSIG; and when the reaper dies, the kernel kills its pid namespace.
+        victims = []
     else:
-        victims = _descendants(pid) + [pid]
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        victims = _descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
     for victim in victims:
         try:
             os.kill(victim, signal.SIGKILL)

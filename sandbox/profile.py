@@ -17,7 +17,7 @@ from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
-SCHEMA_VERSION = 3  # bump when SCHEMA changes: cached validations are then redone
+SCHEMA_VERSION = 4  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -39,8 +39,8 @@ def _limit_at_least(minimum: int, why: str) -> tuple:
     return (f"a whole number >= {minimum} ({why}), or \"unlimited\"",
             lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= minimum) or v == "unlimited")
 _MIB = ("a whole number of MiB >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20)
-_TIMEOUT = ("a number of seconds >= 0 (0: none)",
-            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+_TIMEOUT = ("a number of seconds from 0 (none) to 10000000",
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 10**7)
 
 SCHEMA: dict[str | None, dict[str, tuple]] = {
     None: {"description": _STR, "extends": _STR, "tier_floor": _TIER},
