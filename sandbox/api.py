@@ -27,7 +27,7 @@ class Sandbox:
                  tier: str | Tier | None = None, allow_degraded: bool = False,
                  ro_binds: Sequence[str] = (), binds: Sequence[str] = (), share_net: bool = False,
                  setenv: Mapping[str, str] | None = None, timeout: float | None = None,
-                 capabilities: probes.Capabilities | None = None) -> None:
+                 exe_max_mib: int | None = None, capabilities: probes.Capabilities | None = None) -> None:
         if isinstance(profile, Profile):
             self.profile = profile
         else:
@@ -50,6 +50,8 @@ class Sandbox:
             raise HostError("bubblewrap is needed at this tier but was not found",
                             "apt-get install bubblewrap, then run 'sbx doctor'")
         self.timeout = timeout if timeout is not None else (self.profile.timeout or None)
+        mib = arguments.mib(exe_max_mib, "exe_max_mib") if exe_max_mib is not None else self.profile.data["run"]["exe_max_mib"]
+        self.exe_max_bytes = mib << 20  # the largest file --exe-sha256 reads
         self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
                                       protected_paths(self.profile.sources, self.capabilities.bwrap_path))
         try:
@@ -132,9 +134,14 @@ class Sandbox:
             return self.plan(argv, preserve_fds, env), None
         from .verified_exe import open_verified
 
-        probe_env = dict(self.plan(argv, preserve_fds, env).env)
-        exe = open_verified(arguments.argv(argv)[0], exe_sha256, probe_env.get("PATH", ""), self.workdir)
-        return self.plan(argv, preserve_fds, env, exe_fd=exe.fd, exe_path=exe.path), exe
+        probe = self.plan(argv, preserve_fds, env)  # the sandbox's PATH and mounts
+        exe = open_verified(probe.argv[0], exe_sha256, probe.search_path, self.workdir, self.exe_max_bytes)
+        try:
+            _refuse_writable_interpreter(exe, probe)
+            return self.plan(argv, preserve_fds, env, exe_fd=exe.fd, exe_path=exe.path), exe
+        except BaseException:
+            exe.close()
+            raise
 
     def run(self, argv: Sequence[str], *, input: object = None, capture_output: bool = False,
             timeout: float | None = None, check: bool = False, preserve_fds: Sequence[int] = (),
@@ -203,3 +210,23 @@ def _with_bwrap_message(error: Exception, stderr: object) -> Exception:
     error.message = error.message.replace("its own message went to the command's stderr", "it said: " + "; ".join(said))
     error.args = (error.message,)
     return error
+
+
+def _refuse_writable_interpreter(exe, plan: LaunchPlan) -> None:
+    """A verified ``#!`` script runs its interpreter by path inside the sandbox: one that
+    lies in a writable part of the view (the workdir, a bind, a tmpfs) could have been
+    replaced by an earlier command, so the check would prove nothing. Refuse it."""
+    interpreter = exe.interpreter
+    if interpreter is None:
+        return
+    from .errors import ExecutableDigestError
+
+    if not interpreter.startswith("/"):
+        raise ExecutableDigestError(f"{exe.path}: its #! interpreter {interpreter!r} is not an absolute path",
+                                    "name the interpreter by its absolute path in the #! line")
+    for mount in plan.mounts:
+        if mount.op in ("bind", "tmpfs") and (interpreter == mount.path or interpreter.startswith(mount.path + "/")):
+            raise ExecutableDigestError(
+                f"{exe.path}: its #! interpreter {interpreter} lies in {mount.path}, which is writable inside the "
+                "sandbox: a command could replace it, so the digest would not cover what runs; nothing was run",
+                "use an interpreter from a read-only part of the view (such as /usr/bin), or verify a binary")

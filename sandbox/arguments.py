@@ -153,3 +153,11 @@ def _iterable(value: object) -> bool:
     except TypeError:
         return False
     return True
+
+
+def mib(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be a whole number of MiB, not {_type_name(value)}", f"pass e.g. {name}=256")
+    if not 1 <= value <= 1 << 20:
+        raise ArgumentValueError(f"{name} = {value}: from 1 to 1048576 MiB", f"pass e.g. {name}=256")
+    return value

@@ -33,6 +33,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _mib(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1 << 20:
+        raise UsageError(f"--exe-max-mib {text!r} is not a whole number of MiB from 1 to 1048576",
+                         "pass e.g. --exe-max-mib 512")
+    return int(text)
+
+
 def _setenv(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -65,6 +72,8 @@ COMMANDS: dict[str, tuple[str, str, list[Option]]] = {
                convert=_fd_number),
         Option("--exe-sha256", "value", "run COMMAND only if its bytes have this SHA-256, from the checked copy",
                "HEX"),
+        Option("--exe-max-mib", "value", "the largest file --exe-sha256 reads, in MiB (default 256)", "N",
+               convert=_mib),
         Option("--dry-run", "flag", "print the launch plan and exit 0"),
         Option("--verbose", "flag", "say which tier and layers the run used"),
     ]),
@@ -211,7 +220,7 @@ def cmd_run(args: Arguments) -> int:
         raise UsageError("no command given", "put the command after '--': sbx run --profile strict -- ls")
     sandbox = Sandbox(args.profile, args.workdir, tier=args.tier, allow_degraded=args.allow_degraded,
                       ro_binds=args.ro_bind, binds=args.bind, share_net=args.share_net,
-                      setenv=dict(args.setenv), timeout=args.timeout)
+                      setenv=dict(args.setenv), timeout=args.timeout, exe_max_mib=args.exe_max_mib)
     if sandbox.degraded_warning:  # start() does not log it: the CLI says it here, once
         print(f"sbx: warning: {sandbox.degraded_warning}", file=sys.stderr)
     if args.dry_run:

@@ -17,7 +17,7 @@ from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
-SCHEMA_VERSION = 4  # bump when SCHEMA changes: cached validations are then redone
+SCHEMA_VERSION = 5  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -62,7 +62,7 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
                 "core": _LIMIT, "as": _limit_at_least(64 << 20, "bytes: 64 MiB; less and no program can start"),
                 "cpu": _limit_at_least(1, "seconds"),
                 "fsize": _LIMIT},
-    "run": {"timeout": _TIMEOUT},
+    "run": {"timeout": _TIMEOUT, "exe_max_mib": _MIB},
 }
 
 DEFAULTS: dict[str, object] = {
@@ -76,7 +76,7 @@ DEFAULTS: dict[str, object] = {
     "seccomp": {"mode": "allowlist", "allow": [], "deny": []},
     "landlock": {"deny_tcp": True, "scope_signals": True, "scope_abstract_unix": True},
     "rlimits": {"core": 0},
-    "run": {"timeout": 0},
+    "run": {"timeout": 0, "exe_max_mib": 256},
 }
 
 

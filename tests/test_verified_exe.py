@@ -133,3 +133,106 @@ def test_concurrent_verified_launches(tmp_path):
     for t in threads:
         t.join()
     assert results == ["Linux\n"] * 8
+
+
+# --- one resolver, a hardened open ----------------------------------------------------
+
+
+@pytest.fixture
+def profiles(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiles")
+
+
+def test_a_profile_without_path_resolves_like_a_plain_run(tmp_path, profiles):
+    no_path = profiles / "nopath.toml"
+    no_path.write_text('extends = "strict"\n[environment]\nset = { HOME = "/tmp" }\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    sandbox = Sandbox(str(no_path), work)
+    assert "PATH" not in sandbox.plan(["uname"]).env
+    plain = sandbox.run(["uname", "-s"], capture_output=True, text=True)  # the control: stage 2 finds it
+    assert plain.returncode == 0 and plain.stdout == "Linux\n", plain.stderr
+    verified = sandbox.run(["uname", "-s"], exe_sha256=sha256("/usr/bin/uname"), capture_output=True, text=True)
+    assert verified.returncode == 0 and verified.stdout == "Linux\n", verified.stderr
+
+
+def test_both_resolvers_pass_over_a_file_that_is_not_executable(tmp_path, outside_dir):
+    first, second = os.path.join(outside_dir, "a"), os.path.join(outside_dir, "b")
+    os.mkdir(first)
+    os.mkdir(second)
+    with open(os.path.join(first, "tool"), "w") as f:
+        f.write("#!/bin/sh\necho first\n")
+    os.chmod(os.path.join(first, "tool"), 0o644)  # earlier on PATH, but not executable
+    script = write_script(os.path.join(second, "tool"), "second")
+    work = tmp_path / "work"
+    work.mkdir()
+    sandbox = Sandbox("strict", work, ro_binds=[outside_dir], setenv={"PATH": f"{first}:{second}:/usr/bin:/bin"})
+    plain = sandbox.run(["tool"], capture_output=True, text=True)  # stage 2's resolver, inside
+    verified = sandbox.run(["tool"], exe_sha256=sha256(script), capture_output=True, text=True)  # the host's
+    assert plain.stdout == verified.stdout == "second\n", (plain, verified)
+    from sandbox.resolve import find_executable
+
+    assert find_executable("tool", f"{first}:{second}", str(work)) == script
+    os.chmod(script, 0o644)  # now neither is executable: 126 from both
+    assert sandbox.run(["tool"]).returncode == 126
+    with pytest.raises(Exception) as error:
+        sandbox.run(["tool"], exe_sha256=sha256(script))
+    assert getattr(error.value, "exit_status", None) == 126
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path, outside_dir):
+    big = os.path.join(outside_dir, "big")
+    with open(big, "wb") as f:
+        f.truncate(300 << 20)  # sparse: 300 MB that cost nothing to make
+    os.chmod(big, 0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(ExecutableDigestError, match="over the 268435456-byte limit"):
+        Sandbox("strict", work).run([big], exe_sha256="0" * 64)
+    # Control: under a limit it fits, the file is read and hashed (and then refused for its digest).
+    small = os.path.join(outside_dir, "small")
+    with open(small, "wb") as f:
+        f.truncate(512 << 10)
+    os.chmod(small, 0o755)
+    with pytest.raises(ExecutableDigestError, match="has SHA-256"):
+        Sandbox("strict", work, exe_max_mib=1).run([small], exe_sha256="0" * 64)
+    with pytest.raises(ExecutableDigestError, match="over the 1048576-byte limit"):
+        Sandbox("strict", work, exe_max_mib=1).run([big], exe_sha256="0" * 64)
+
+
+def test_a_fifo_swapped_in_after_resolution_neither_blocks_nor_runs(tmp_path, monkeypatch):
+    from sandbox import verified_exe
+
+    fifo = tmp_path / "tool"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(verified_exe, "find_executable", lambda *args: str(fifo))  # the swap, after the stat
+    work = tmp_path / "work"
+    work.mkdir()
+    done = []
+
+    def attempt():
+        try:
+            Sandbox("strict", work).run(["tool"], exe_sha256="0" * 64)
+        except ExecutableDigestError as exc:
+            done.append(str(exc))
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert done and "not a regular file" in done[0]  # an open that blocked would leave done empty
+
+
+def test_a_verified_script_whose_interpreter_lies_in_the_workdir_is_refused(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy("/bin/sh", work / "mysh")
+    script = work / "tool.sh"
+    script.write_text(f"#!{work}/mysh\necho ran\n")
+    script.chmod(0o755)
+    sandbox = Sandbox("strict", work)
+    with pytest.raises(ExecutableDigestError, match="writable inside the sandbox"):
+        sandbox.run([str(script)], exe_sha256=sha256(script))
+    # Control: the same script with a read-only interpreter runs.
+    script.write_text("#!/bin/sh\necho ran\n")
+    result = sandbox.run([str(script)], exe_sha256=sha256(script), capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
