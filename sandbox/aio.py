@@ -138,4 +138,7 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
         prepared.close_parent_copies()
         if exe is not None:
             exe.close()
-    return SandboxAsyncProcess(transport, protocol, loop, status, plan, timeout)
+    process = SandboxAsyncProcess(transport, protocol, loop, status, plan, timeout)
+    if prepared.staged:  # a root caller's staging mounts: released once bwrap has them, off the loop
+        await asyncio.wrap_future(_preparers.submit(status.release_once_started))
+    return process

@@ -55,8 +55,8 @@ class Sandbox:
         self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
                                       protected_paths(self.profile.sources, self.capabilities.bwrap_path))
         try:
-            self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"),
-                                                        self._effective_share_net()))
+            self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"), self._effective_share_net(),
+                                                        self.profile.table("network")["loopback"]))
                          if self.tier.uses_seccomp else None)
         except ProfileError as exc:  # an unknown syscall name: say where the profile names it
             where = locate_value(self.profile.sources, "seccomp", getattr(exc, "syscall", ""))
@@ -221,11 +221,21 @@ def _refuse_writable_interpreter(exe, plan: LaunchPlan) -> None:
         return
     from .errors import ExecutableDigestError
 
-    if not interpreter.startswith("/"):
-        raise ExecutableDigestError(f"{exe.path}: its #! interpreter {interpreter!r} is not an absolute path",
-                                    "name the interpreter by its absolute path in the #! line")
+    if not interpreter.startswith("/") or ".." in interpreter.split("/") or "//" in interpreter:
+        raise ExecutableDigestError(f"{exe.path}: its #! interpreter {interpreter!r} is not a plain absolute path "
+                                    "(no '..', no '//')", "name the interpreter by its canonical path in the #! line")
+    import os
+
+    # The literal path and where it leads on the host: both must stay clear of what is writable.
+    for candidate in {interpreter, os.path.realpath(interpreter)}:
+        _refuse_in_writable_mount(exe, plan, interpreter, candidate)
+
+
+def _refuse_in_writable_mount(exe, plan: LaunchPlan, interpreter: str, candidate: str) -> None:
+    from .errors import ExecutableDigestError
+
     for mount in plan.mounts:
-        if mount.op in ("bind", "tmpfs") and (interpreter == mount.path or interpreter.startswith(mount.path + "/")):
+        if mount.op in ("bind", "tmpfs") and (candidate == mount.path or candidate.startswith(mount.path + "/")):
             raise ExecutableDigestError(
                 f"{exe.path}: its #! interpreter {interpreter} lies in {mount.path}, which is writable inside the "
                 "sandbox: a command could replace it, so the digest would not cover what runs; nothing was run",

@@ -48,6 +48,26 @@ def candidates() -> list[str]:
     return found
 
 
+def every_candidate() -> list[str]:
+    """Every directory any run of this user might use as its cache, whatever this run's
+    environment selects: a run with XDG_CACHE_HOME set elsewhere must not make the
+    ~/.cache/sbx that a later run without it reads writable (integrity.py protects all)."""
+    import pwd
+
+    found = [d for d in (os.environ.get(CACHE_DIR_ENV, ""),) if os.path.isabs(d)]
+    for base in (os.environ.get("XDG_CACHE_HOME", ""),):
+        if os.path.isabs(base):
+            found.append(os.path.join(base, "sbx"))
+    homes = {os.environ.get("HOME", "")}
+    try:
+        homes.add(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    found += [os.path.join(home, ".cache", "sbx") for home in homes if os.path.isabs(home)]
+    found.append(f"/tmp/sbx-cache-{os.geteuid()}")
+    return list(dict.fromkeys(found))
+
+
 def _make(path: str) -> None:
     """Create ``path`` and at most its parent (``~/.cache``), never a missing home."""
     parent = os.path.dirname(path)

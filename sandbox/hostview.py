@@ -67,6 +67,13 @@ def identity_chain(real: str) -> tuple[tuple[int, int], ...]:
 
 def inspect_path(path: str) -> HostPath:
     try:
+        return _inspect(path)
+    except (OSError, ValueError):  # unreadable (a /proc link of another process), unencodable, ...
+        return HostPath("missing")
+
+
+def _inspect(path: str) -> HostPath:
+    try:
         info = os.lstat(path)
     except (OSError, ValueError):
         return HostPath("missing")

@@ -67,7 +67,7 @@ def protected_paths(profile_files: tuple[str, ...] = (), bwrap: str | None = Non
     entries = installation_paths()
     entries += [("a directory sbx loads profiles from", d) for d in profile_dirs()]
     entries += [("the profile this run loads", f) for f in profile_files]
-    entries += [("sbx's cache", d) for d in cache.candidates()]
+    entries += [("sbx's cache", d) for d in cache.every_candidate()]
     if bwrap:
         entries.append(("the bwrap binary sbx runs", bwrap))
     entries += [("a system directory", d) for d in SYSTEM_TREES]

@@ -146,11 +146,20 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> l
 
     sources = {(m.source, m.path): m for m in plan.mounts if m.identity is not None}
     helper = plan.stage2_identity
+    from .plan import DATA_MARKER
+
+    data = {m.path: m.source for m in plan.mounts if m.op == "data"}
     args = list(plan.bwrap_args)
     out: list[str] = []
     i = 0
     while i < len(args):
         flag = args[i]
+        if flag == "--ro-bind-data" and args[i + 1].startswith(DATA_MARKER):
+            fd = memfd_with("sbx-data", data[args[i + 2]].encode())
+            owned.append(fd)
+            out += [flag, str(fd), args[i + 2]]
+            i += 3
+            continue
         if flag in BIND_FLAGS and i + 2 < len(args):
             source, dest = args[i + 1], args[i + 2]
             mount = sources.get((source, dest))
@@ -161,7 +170,7 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> l
                     from .rootcaller import stage_idmapped
 
                     try:
-                        target, staged_fd = stage_idmapped(fd, source)
+                        target, staged_fd = stage_idmapped(fd, source, read_only=flag != "--bind")
                     finally:
                         os.close(fd)
                     staged.append(target)
@@ -201,6 +210,28 @@ class SandboxStatus:
             if not chunk:
                 break
             self._data += chunk
+
+    def release_once_started(self, timeout: float = 10.0) -> None:
+        """For a root caller's launch: wait until stage 2 reports it started (so bwrap has
+        made every mount, the idmapped ones included), then release the staging mounts at
+        once, so they are reachable by path on the host only during bwrap's setup. A no-op
+        without staged mounts. What is read is kept for ``translate``."""
+        if not self._staged or self._fd is None:
+            return
+        import select
+        import time
+
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                break
+            before = len(self._data)
+            self.drain()
+            if len(self._data) == before or parse_status(self._data):  # EOF, or a record (S or E) arrived
+                break
+        release_staged(self._staged, background=False)
 
     def close(self) -> None:
         """Done with this sandbox: close the channel, release any idmapped staging mounts."""
@@ -279,6 +310,7 @@ class DirectProcess:
         finally:
             prepared.close_parent_copies()
         self._pidfd = os.pidfd_open(self.pid)
+        self._status.release_once_started()
 
     @property
     def notes(self) -> list[str]:

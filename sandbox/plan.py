@@ -26,6 +26,10 @@ MAX_FD = 2**31 - 1  # descriptors are C ints
 OVERFLOW_UID = 65534  # the uid a root caller becomes inside: no capabilities, nobody's files
 DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 MIB = 1 << 20
+SANDBOX_HOSTNAME = "sbx"
+HOSTS_FILE = (f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n"
+              f"::1\tlocalhost ip6-localhost ip6-loopback {SANDBOX_HOSTNAME}\n")
+DATA_MARKER = "<generated>"  # in bwrap_args, where a generated file's descriptor goes
 HIDE_TMPFS_BYTES = 1 << 16  # an empty, read-only tmpfs masking a directory
 
 
@@ -43,8 +47,9 @@ class Mount(namedtuple("Mount", "op path source grant optional identity idmap",
                        defaults=("", None, False, None, False))):
     """One entry of the filesystem view: a bwrap operation and its Landlock grant.
 
-    op: ro-bind, bind, symlink, tmpfs, dev, proc, hide-file or hide-dir; path: where it
-    appears inside; source: the host source, a link's target, or a tmpfs's size in bytes;
+    op: ro-bind, bind, symlink, tmpfs, dev, proc, hide-file, hide-dir or data; path: where
+    it appears inside; source: the host source, a link's target, a tmpfs's size in bytes,
+    or a generated file's text;
     grant: a GRANT_NAMES kind; identity: the source's (st_dev, st_ino) when it was checked,
     which the launch pins it to (see pathfd.py); idmap: shown through an idmapped mount
     that presents root's files as the sandbox uid's (root callers; see rootcaller.py).
@@ -115,7 +120,13 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
         if self.bwrap_args is None:
             out.append("network: the host's (this tier has no network namespace and no seccomp socket rule)")
         else:
-            out.append(f"network: {'shared with the host' if self.share_net else 'none (new network namespace)'}")
+            if self.share_net:
+                out.append("network: shared with the host")
+            elif self.seccomp is None or self.seccomp.sockets == "loopback":
+                out.append("network: loopback only (a private network namespace whose only interface is lo: "
+                           "nothing leaves it)")
+            else:
+                out.append("network: none (a private network namespace; only AF_UNIX sockets)")
         return "\n".join(out)
 
 
@@ -139,6 +150,10 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     start_dir = workdir.real if fs_workdir != "none" else "/"  # with no workdir shown, start at /
     share_net = request.share_net or not profile.table("namespaces")["net"]
     mounts = _mounts(profile, request, host, workdir)
+    if profile.table("namespaces")["uts"] and not share_net:
+        # The sandbox's hostname resolves: its own /etc/hosts, not the host's.
+        mounts = [m for m in mounts if m.path != "/etc/hosts"] + [Mount("data", "/etc/hosts", HOSTS_FILE, "read")]
+        mounts.sort(key=lambda m: canonical(m.path).count("/") if m.path != "/" else 0)
     run_as = None
     if host.uid == 0 and tier.uses_bwrap:
         # A root caller's sandbox runs as an unprivileged host uid; what the caller chose to
@@ -154,8 +169,9 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
         if fd > MAX_FD:
             raise UsageError(f"--preserve-fd {fd}: no descriptor can have that number",
                              "pass the number of a descriptor that is open in the caller")
-    landlock = _landlock(profile, mounts, landlock_abi, share_net) if tier.uses_landlock else None
-    seccomp = spec_from_profile(profile.table("seccomp"), share_net) if tier.uses_seccomp else None
+    loopback = profile.table("network")["loopback"]
+    landlock = _landlock(profile, mounts, landlock_abi, share_net or loopback) if tier.uses_landlock else None
+    seccomp = spec_from_profile(profile.table("seccomp"), share_net, loopback) if tier.uses_seccomp else None
     env = _environment(profile, request)
     if not host.stage2_helper:
         raise HostError("sbx's stage 2 helper (sbx-stage2) is missing from its installation",
@@ -198,7 +214,7 @@ def _checked_path(host: HostView, path: str, what: str, error: type[SandboxError
         raise error(f"{what} {path!r} is not an absolute path", "pass an absolute path")
     info = host.paths.get(path)
     if info is None or info.kind == "missing":
-        raise error(f"{what} {path} does not exist on this host", "pass an existing path")
+        raise error(f"{what} {path} does not exist on this host (or cannot be resolved)", "pass an existing path")
     if info.kind == "symlink" or info.real != canonical(path):
         raise error(f"{what} {path} goes through a symlink (it resolves to {info.real}); sbx never follows "
                     "links in bind paths", f"pass the resolved path itself if you mean it: {info.real}")
@@ -333,7 +349,7 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
     if host.uid == 0:
         args += ["--cap-drop", "ALL"]
     if ns["uts"]:
-        args += ["--hostname", "sbx"]
+        args += ["--hostname", SANDBOX_HOSTNAME]
     args += ["--die-with-parent", "--new-session"]
     if "clearenv" in features:
         args.append("--clearenv")
@@ -356,6 +372,8 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
             args += ["--proc", m.path]
         elif m.op == "hide-file":
             args += ["--ro-bind", "/dev/null", m.path]
+        elif m.op == "data":  # launch.prepare puts the text in a memfd in place of the marker
+            args += ["--ro-bind-data", DATA_MARKER + m.path, m.path]
         elif m.op == "hide-dir":
             args += ["--size", str(HIDE_TMPFS_BYTES), "--tmpfs", m.path]
             hidden_dirs.append(m.path)
@@ -370,7 +388,7 @@ def _bwrap_args(profile: Profile, mounts: list[Mount], workdir: str, share_net: 
     return tuple(args)
 
 
-def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) -> LandlockSpec:
+def _landlock(profile: Profile, mounts: list[Mount], abi: int, tcp_allowed: bool) -> LandlockSpec:
     if abi < 1:
         raise HostError("the plan needs Landlock but the kernel has none",
                         "run 'sbx doctor', or choose --tier KernelSeccompOnly --allow-degraded")
@@ -382,7 +400,9 @@ def _landlock(profile: Profile, mounts: list[Mount], abi: int, share_net: bool) 
         # descriptor, and reading files still needs a grant of its own.
         rules.insert(0, ("/", ll.grant_mask("list", abi), False))
     net = 0
-    if settings["deny_tcp"] and not share_net:
+    # With loopback on, the private network namespace (only lo) is the boundary and
+    # Landlock leaves TCP alone, so local servers work; with it off, TCP is denied here too.
+    if settings["deny_tcp"] and not tcp_allowed:
         net = ll.mask(ll.NET_RIGHTS, ll.NET_RIGHTS, abi)
     scope_names = [n for n, wanted in (("signal", settings["scope_signals"]),
                                        ("abstract_unix_socket", settings["scope_abstract_unix"])) if wanted]

@@ -63,6 +63,7 @@ class SandboxProcess(subprocess.Popen):
         finally:
             prepared.close_parent_copies()
         self._pidfd = open_pidfd(self.pid)
+        self._status.release_once_started()  # a root caller's staging mounts: gone once bwrap has them
         if timeout is not None:
             self._deadline = lifetime.kill_at_deadline(self, timeout)
 

@@ -17,7 +17,7 @@ from .errors import ProfileError
 from .tiers import Tier
 
 PROFILE_PATH_ENV = "SBX_PROFILE_PATH"
-SCHEMA_VERSION = 5  # bump when SCHEMA changes: cached validations are then redone
+SCHEMA_VERSION = 6  # bump when SCHEMA changes: cached validations are then redone
 
 # table -> key -> (type description, check). None as the table means top level.
 _STR = ("a string", lambda v: isinstance(v, str))
@@ -63,6 +63,7 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
                 "cpu": _limit_at_least(1, "seconds"),
                 "fsize": _LIMIT},
     "run": {"timeout": _TIMEOUT, "exe_max_mib": _MIB},
+    "network": {"loopback": _BOOL},
 }
 
 DEFAULTS: dict[str, object] = {
@@ -77,6 +78,7 @@ DEFAULTS: dict[str, object] = {
     "landlock": {"deny_tcp": True, "scope_signals": True, "scope_abstract_unix": True},
     "rlimits": {"core": 0},
     "run": {"timeout": 0, "exe_max_mib": 256},
+    "network": {"loopback": True},
 }
 
 
@@ -127,7 +129,9 @@ def _toml_value(value: object) -> str:
 
 def profile_dirs() -> list[str]:
     """Where profile names are looked up, first match wins."""
-    dirs = [p for p in os.environ.get(PROFILE_PATH_ENV, "").split(":") if p]
+    # Relative entries are ignored: they would name a directory relative to the current one,
+    # which a sandbox may have written (and integrity.py protects absolute paths only).
+    dirs = [p for p in os.environ.get(PROFILE_PATH_ENV, "").split(":") if os.path.isabs(p)]
     package = os.path.dirname(os.path.abspath(__file__))
     dirs.append(os.path.join(os.path.dirname(package), "profiles"))  # a source checkout
     dirs.append(os.path.join(sys.prefix, "share", "sbx", "profiles"))  # an installed wheel

@@ -9,7 +9,9 @@ shown through an *idmapped mount* whose map presents the host's root as the sand
 inside, the caller's files appear owned by the command; what it creates is owned by root
 on the host. The mount is made here (open_tree, mount_setattr, move_mount) under a
 staging directory only root can list, handed to bwrap by descriptor, and removed when the sandbox
-ends; stale ones from a process that died are swept at the next launch.
+has made its mounts (stage 2's first status record), so a staged mount is reachable by
+path on the host only during bwrap's setup; stale ones from a process that died are swept
+at the next launch. A read-only bind's clone is read-only.
 
 Needs Linux 5.12+ and a filesystem with idmapped mounts (ext4, xfs, btrfs, tmpfs 6.3+, ...);
 otherwise the launch fails with a ``setup`` error (fail closed).
@@ -31,6 +33,7 @@ _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
+_MOUNT_ATTR_RDONLY = 0x00000001
 _MNT_DETACH = 2
 _MS_BIND = 4096
 _NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
@@ -142,7 +145,7 @@ def _is_user_namespace(fd: int) -> bool:
         return False
 
 
-def stage_idmapped(source_fd: int, source: str) -> tuple[str, int]:
+def stage_idmapped(source_fd: int, source: str, read_only: bool = False) -> tuple[str, int]:
     """Attach an idmapped clone of the directory ``source_fd`` pins (named ``source`` in
     messages) under STAGING_ROOT; (the staging directory, an O_PATH descriptor on the
     staged mount) -- release with ``release``."""
@@ -171,7 +174,8 @@ def stage_idmapped(source_fd: int, source: str) -> tuple[str, int]:
             _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
                         ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
-        attr = MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, userns)
+        # A read-only bind is read-only on the staged clone too, not only inside the sandbox.
+        attr = MountAttr(_MOUNT_ATTR_IDMAP | (_MOUNT_ATTR_RDONLY if read_only else 0), 0, 0, userns)
         _syscall(_MOUNT_SETATTR, ctypes.c_int(tree), ctypes.c_char_p(b""), ctypes.c_uint(_AT_EMPTY_PATH),
                  ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
         _syscall(_MOVE_MOUNT, ctypes.c_int(tree), ctypes.c_char_p(b""), ctypes.c_int(_AT_FDCWD),

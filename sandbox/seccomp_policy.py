@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 4
+RULES_VERSION = 5
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -46,7 +46,11 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }
 DENIED_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}  # typing into / reading the terminal
-AF_UNIX = 1
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+LOOPBACK_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+LOOPBACK_FAMILY_LIMIT = AF_NETLINK  # families above it are refused by one GT rule
+NETLINK_ROUTE = 0
+SOCK_RAW, SOCK_PACKET = 3, 10  # the low 4 bits of socket()'s type; SOCK_NONBLOCK/CLOEXEC sit above
 
 # What ordinary programs need: shells, coreutils, Python, git, compilers.
 STRICT_ALLOWED: tuple[str, ...] = tuple(sorted(set("""
@@ -93,17 +97,20 @@ landlock_create_ruleset landlock_add_rule landlock_restrict_self
 REQUIRED_CALLS: tuple[str, ...] = ("fcntl", "getrlimit", "prlimit64", "pread64")
 
 
-class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied only_unix_sockets")):
+class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
     """What the filter does, as data: the cache key and the ``--dry-run`` summary.
 
     mode "allowlist": unlisted calls get ENOSYS; "denylist": unlisted calls are allowed.
+    sockets: "all" (the host network is shared), "loopback" (a private network namespace
+    with only lo: unix, inet and inet6 sockets, netlink for routing only, no raw or packet
+    sockets) or "unix" (AF_UNIX only).
     """
 
     __slots__ = ()
 
     def key_material(self) -> str:
         # repr of tuples of strings, ints and sorted items is stable across runs.
-        return repr((RULES_VERSION, self.mode, self.allowed, self.denied, self.only_unix_sockets,
+        return repr((RULES_VERSION, self.mode, self.allowed, self.denied, self.sockets,
                      sorted(CLONE_NAMESPACE_FLAGS.items()), sorted(DENIED_IOCTLS.items()), ENOSYS_ALWAYS))
 
     def summary(self) -> list[str]:
@@ -116,14 +123,17 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied only_unix_socke
             f"ENOSYS: {', '.join(ENOSYS_ALWAYS)} (libc falls back to clone)",
             "other architectures (i386, x32): the process is killed",
         ]
-        if self.only_unix_sockets:
+        if self.sockets == "unix":
             lines.append("socket: AF_UNIX only (other families EPERM)")
+        elif self.sockets == "loopback":
+            lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
+                         "sockets and other families EPERM")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
 
 
-def spec_from_profile(seccomp_table: dict, share_net: bool) -> SeccompSpec:
+def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
     denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
@@ -131,7 +141,8 @@ def spec_from_profile(seccomp_table: dict, share_net: bool) -> SeccompSpec:
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
         allowed = tuple(sorted((set(STRICT_ALLOWED) | extra_allow) - set(denied) - set(ENOSYS_ALWAYS)))
-    return SeccompSpec(mode=mode, allowed=allowed, denied=denied, only_unix_sockets=not share_net)
+    sockets = "all" if share_net else ("loopback" if loopback else "unix")
+    return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets)
 
 
 LIBSECCOMP_DIRS = ("/usr/lib/{triplet}", "/lib/{triplet}", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
@@ -258,8 +269,22 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag), from_profile=False)
     for request in DENIED_IOCTLS.values():
         add(guard, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request), from_profile=False)
-    if spec.only_unix_sockets:
+    if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
+    elif spec.sockets == "loopback":
+        # Only lo exists in the namespace, so inet sockets reach nothing outside it. Every
+        # other family is refused (one rule each: libseccomp has no "not in"), netlink is
+        # kept to routing (getifaddrs, if_nameindex), and no raw or packet sockets.
+        for family in range(0, LOOPBACK_FAMILY_LIMIT + 1):
+            if family not in LOOPBACK_FAMILIES:
+                add(guard, eperm, "socket", sc.Arg(0, sc.EQ, family), from_profile=False)
+        add(guard, eperm, "socket", sc.Arg(0, sc.GT, LOOPBACK_FAMILY_LIMIT), from_profile=False)
+        add(guard, eperm, "socket", sc.Arg(0, sc.EQ, AF_NETLINK), sc.Arg(2, sc.NE, NETLINK_ROUTE),
+            from_profile=False)
+        for family in (AF_INET, AF_INET6):
+            for kind in (SOCK_RAW, SOCK_PACKET):
+                add(guard, eperm, "socket", sc.Arg(0, sc.EQ, family), sc.Arg(1, sc.MASKED_EQ, 0xF, kind),
+                    from_profile=False)
     # The guard goes first: the allowlist program, once loaded, refuses seccomp() itself.
     return frame_programs([_export(guard), _export(main)])
 

@@ -287,3 +287,62 @@ def test_verify_never_imports_from_its_cwd(root_runner, tmp_path):
     result = root_runner.run("verify", "--json", cwd=str(work), timeout=180)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert not marker.exists()
+
+
+# --- from the adversarial review -------------------------------------------------------
+
+
+def test_every_cache_a_later_run_might_use_is_protected(runner):
+    """A run with XDG_CACHE_HOME elsewhere must not make ~/.cache/sbx, which a later run
+    without it reads, writable: every candidate is protected, whatever this run selects."""
+    home = owned_dir(runner, "sbx-integrity-xdghome-")
+    plain = with_env(runner, HOME=str(home), XDG_CACHE_HOME=None, SBX_CACHE_DIR=None)
+    assert plain.run("run", "--workdir", str(owned_dir(runner, "sbx-integrity-w-")), "--", "true").returncode == 0
+    assert any((home / ".cache" / "sbx").glob("seccomp-*.bpf"))  # control: that cache is in use
+    elsewhere = owned_dir(runner, "sbx-integrity-xdg-")
+    for changes in ({"XDG_CACHE_HOME": str(elsewhere)}, {"SBX_CACHE_DIR": str(elsewhere / "c")}):
+        setup = with_env(plain, **changes)
+        assert_refused(setup.run("run", "--workdir", str(home), "--", "true"), "workdir", "sbx's cache")
+
+
+def test_a_relative_profile_path_entry_is_ignored(root_runner, tmp_path):
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir()
+    other.mkdir()
+    (work / "p").mkdir()
+    (work / "p" / "strict.toml").write_text('tier_floor = "EnvironmentOnly"\n[namespaces]\nnet = false\n')
+    setup = with_env(root_runner, SBX_PROFILE_PATH="p")
+    result = setup.run("run", "--dry-run", "--workdir", str(other), "--", "true", cwd=str(work))
+    assert result.returncode == 0, result.stderr
+    assert "profile: strict" in result.stdout and "tier: KernelFull" in result.stdout
+    assert "shared with the host" not in result.stdout  # the planted strict.toml was not loaded
+
+
+def test_an_unresolvable_bind_is_a_clean_error(runner):
+    result = runner.run("run", "--workdir", str(owned_dir(runner, "sbx-integrity-w-")), "--ro-bind", "/proc/1/cwd",
+                        "--", "true")
+    assert_refused(result, "bind")
+
+
+def test_a_root_callers_staging_mounts_are_gone_while_the_sandbox_runs(root_runner):
+    """They exist only during bwrap's setup: a host process running as nobody cannot reach
+    the caller's files through them while the command runs."""
+    import time
+
+    from sandbox import Sandbox
+
+    work = owned_dir(root_runner, "sbx-integrity-root-")
+    work.chmod(0o700)
+    (work / "secret").write_text("root's\n")
+    (work / "secret").chmod(0o600)
+    process = Sandbox("strict", work).spawn(["sh", "-c", "stat -c %u secret; sleep 5"], stdout=subprocess.PIPE,
+                                            text=True)
+    try:
+        assert process.stdout.readline().strip() == "65534"  # control: the workdir came through an idmapped mount
+        time.sleep(0.2)
+        with open("/proc/self/mountinfo") as f:
+            staged = [line for line in f if "/run/sbx-idmap/" in line and "idmap-userns" not in line]
+        assert staged == []
+    finally:
+        process.kill_sandbox()
+        process.wait()

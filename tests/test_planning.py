@@ -55,6 +55,7 @@ def test_strict_bwrap_argv_is_exact():
         "--dev", "/dev", "--proc", "/proc", "--size", str(512 * MIB), "--tmpfs", "/tmp",
         "--ro-bind-try", "/etc/passwd", "/etc/passwd", "--size", str(64 * MIB), "--tmpfs", "/dev/shm",
         "--bind", "/work/project", "/work/project",
+        "--ro-bind-data", "<generated>/etc/hosts", "/etc/hosts",  # the sandbox's hostname resolves
         "--ro-bind", HELPER, HELPER,  # stage 2, from anywhere
         "--remount-ro", "/", "--chdir", "/work/project")
     assert p.stage2_helper == "/opt/sbx/sandbox/sbx-stage2"
@@ -63,14 +64,15 @@ def test_strict_bwrap_argv_is_exact():
 def test_landlock_grants_come_from_the_same_entries_as_the_binds():
     p = plan(ro_binds=("/data",))
     rules = {path: bits for path, bits, _ in p.landlock.rules}
-    bound = {p.bwrap_args[i + 2] for i, a in enumerate(p.bwrap_args) if a in ("--ro-bind", "--ro-bind-try", "--bind")}
+    bound = {p.bwrap_args[i + 2] for i, a in enumerate(p.bwrap_args)
+             if a in ("--ro-bind", "--ro-bind-try", "--bind", "--ro-bind-data")}
     bound.discard(HOST.stage2_helper)  # stage 2 runs before Landlock; the command gets no grant on it
     assert bound | {"/", "/dev", "/proc", "/tmp", "/dev/shm"} == set(rules)
     assert rules["/"] == FS_RIGHTS["read_dir"][0]  # listing the view's own root, nothing more
     assert rules["/usr"] == rules["/data"] == grant_mask("read", 7)
     assert rules["/work/project"] == rules["/tmp"] == sum(bit for bit, _ in FS_RIGHTS.values())
     assert not rules["/usr"] & FS_RIGHTS["write_file"][0]
-    assert p.landlock.net == 3  # bind_tcp and connect_tcp handled, no rule: denied
+    assert p.landlock.net == 0  # loopback on: the private network namespace is the boundary
     assert p.landlock.scoped == 3
 
 
@@ -78,7 +80,7 @@ def test_share_net_drops_the_net_namespace_and_the_tcp_rules():
     p = plan(share_net=True)
     assert "--unshare-net" not in p.bwrap_args
     assert p.landlock.net == 0
-    assert not p.seccomp.only_unix_sockets
+    assert p.seccomp.sockets == "all"
 
 
 def test_landlock_abi_below_network_support_handles_no_net_rights():
@@ -211,7 +213,8 @@ def test_tier_choice():
 def test_dry_run_describes_every_layer():
     text = plan().describe()
     for fragment in ("tier: KernelFull", "bwrap argv: bwrap --unshare-user", "grant /usr: execute, read_file",
-                     "network: denied: bind_tcp, connect_tcp", "mode: allowlist", "ptrace", "RLIMIT_NOFILE=1024"):
+                     "network: not restricted by Landlock", "network: loopback only", "mode: allowlist", "ptrace",
+                     "RLIMIT_NOFILE=1024"):
         assert fragment in text, fragment
 
 
@@ -243,3 +246,13 @@ def test_status_frames_survive_a_truncated_tail():
     assert parse_status(started + b"E" + (9).to_bytes(4, "little") + b"\x00garbage") == [
         StatusRecord("started", "", "", 0, None)]
     assert parse_status(started[:3]) == []
+
+
+def test_loopback_off_restores_unix_only_sockets_and_landlock_tcp_rules(tmp_path):
+    custom = tmp_path / "n.toml"
+    custom.write_text('extends = "strict"\n[network]\nloopback = false\n')
+    from sandbox.profile import load_profile as load
+
+    p = build_plan(load(str(custom)), Tier.KernelFull, Request(("ls",), "/work/project"), HOST, 7, FEATURES)
+    assert p.seccomp.sockets == "unix" and p.landlock.net == 3
+    assert plan().seccomp.sockets == "loopback"

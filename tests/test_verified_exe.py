@@ -236,3 +236,15 @@ def test_a_verified_script_whose_interpreter_lies_in_the_workdir_is_refused(tmp_
     script.write_text("#!/bin/sh\necho ran\n")
     result = sandbox.run([str(script)], exe_sha256=sha256(script), capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+
+
+@pytest.mark.parametrize("spelling", ["//{work}/mysh", "/usr/..{work}/mysh"])
+def test_an_interpreter_spelled_around_the_check_is_refused(tmp_path, spelling):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy("/bin/sh", work / "mysh")
+    script = work / "tool.sh"
+    script.write_text(f"#!{spelling.format(work=work)}\necho ran\n")
+    script.chmod(0o755)
+    with pytest.raises(ExecutableDigestError):
+        Sandbox("strict", work).run([str(script)], exe_sha256=sha256(script))
