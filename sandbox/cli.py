@@ -231,13 +231,23 @@ def cmd_run(args: Arguments) -> int:
               f"profile {sandbox.profile.name}, floor {sandbox.profile.tier_floor.name}; "
               f"landlock ABI {sandbox.capabilities.landlock_abi}; bwrap {sandbox.capabilities.bwrap_path})",
               file=sys.stderr)
-    process = sandbox.start(command, preserve_fds=args.preserve_fd, exe_sha256=args.exe_sha256)
+    # The handlers go in before the start: a signal that arrives while the sandbox is being
+    # set up is held and forwarded as soon as the command exists, never lost.
+    started: list = []
+    pending: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
-        process.send_signal_to_command(signum)
+        if started:
+            started[0].send_signal_to_command(signum)
+        else:
+            pending.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
+        process = sandbox.start(command, preserve_fds=args.preserve_fd, exe_sha256=args.exe_sha256)
+        started.append(process)
+        for signum in pending:
+            process.send_signal_to_command(signum)
         status = process.wait(timeout=sandbox.timeout)
         if status is None:
             process.kill_sandbox()

@@ -21,6 +21,10 @@ if [ -n "$sbx_python" ] && ! "$sbx_python" -I -c 'import ensurepip, venv' >/dev/
 fi
 command -v setpriv >/dev/null 2>&1 || sbx_missing="$sbx_missing util-linux"
 command -v cc >/dev/null 2>&1 && [ -e /usr/include/stdio.h ] || sbx_missing="$sbx_missing gcc libc6-dev"
+# The test suite (scripts/test sets SBX_BOOTSTRAP_TESTS) also runs some of CPython's own tests.
+if [ -n "${SBX_BOOTSTRAP_TESTS:-}" ] && [ -n "$sbx_python" ] && ! "$sbx_python" -I -c 'import test.test_selectors' >/dev/null 2>&1; then
+  sbx_missing="$sbx_missing libpython$("$sbx_python" -I -c 'import sys; print("%d.%d" % sys.version_info[:2])')-testsuite"
+fi
 if [ -n "$sbx_missing" ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "sbx: installing:$sbx_missing" >&2
