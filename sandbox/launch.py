@@ -403,11 +403,13 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
         if poller.poll(0):
             return  # it has exited: its pid is no longer a safe name for it
     if uses_bwrap:
-        # The whole process group, not only bwrap: bwrap's pid-1 reaper is in it (bwrap was
-        # started in a session of its own and only the command inside calls setsid), so it
-        # dies even in the window after its fork before it has set --die-with-parent's
-        # PR_SET_PDEATHSIG; and when the reaper dies, the kernel kills its pid namespace.
-        victims = []
+        # bwrap's pid-1 reaper runs in a session of its own, and --die-with-parent's
+        # PR_SET_PDEATHSIG is set by the reaper itself after its fork: killed in between,
+        # bwrap leaves a reaper (and the sandbox) running. So stop bwrap first (no further
+        # fork), kill its children by pid (the reaper: its death ends the pid namespace),
+        # then bwrap.
+        _stop(pid, pidfd)
+        victims = _children(pid)
     else:
         victims = _descendants(pid)
     try:
@@ -426,6 +428,29 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
             os.kill(victim, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _stop(pid: int, pidfd: int | None) -> None:
+    """SIGSTOP ``pid`` and wait (at most 50 ms) until the kernel shows it stopped."""
+    import time
+
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        return
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.0005)
 
 
 def command_pids(pid: int, uses_bwrap: bool) -> list[int]:
