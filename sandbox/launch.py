@@ -412,34 +412,35 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
         victims = _children(pid)
     else:
         victims = _descendants(pid)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
     for victim in victims:
         try:
             os.kill(victim, signal.SIGKILL)
         except OSError:
             pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _signal(pid, pidfd, signal.SIGKILL)
+
+
+def _signal(pid: int, pidfd: int | None, signum: int) -> bool:
+    """Signal our child through its pidfd when we have one (never a reused pid)."""
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signum)
+        else:
+            os.kill(pid, signum)
+        return True
+    except OSError:
+        return False
 
 
 def _stop(pid: int, pidfd: int | None) -> None:
     """SIGSTOP ``pid`` and wait (at most 50 ms) until the kernel shows it stopped."""
     import time
 
-    try:
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
-        else:
-            os.kill(pid, signal.SIGSTOP)
-    except OSError:
+    if not _signal(pid, pidfd, signal.SIGSTOP):
         return
     deadline = time.monotonic() + 0.05
     while time.monotonic() < deadline:

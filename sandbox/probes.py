@@ -83,7 +83,7 @@ class Capabilities(namedtuple("Capabilities", "bwrap_path bwrap_version bwrap_us
 
 
 def resolve_tier(caps: Capabilities) -> Tier:
-    """The strongest tier these capabilities support (DESIGN.md's tier table)."""
+    """The strongest tier these capabilities support (the README's tier table)."""
     if caps.bwrap_usable and caps.seccomp and caps.no_new_privs:
         return Tier.KernelFull if caps.landlock_abi >= 1 else Tier.KernelSeccompOnly
     return Tier.EnvironmentOnly

@@ -1,4 +1,4 @@
-"""DESIGN.md's exit-status table, row by row, through the CLI."""
+"""The README's exit-status table, row by row, through the CLI."""
 
 from __future__ import annotations
 
