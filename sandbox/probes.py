@@ -18,7 +18,7 @@ from . import cache
 from .errors import TierBelowFloorError, TierError
 from .tiers import Tier
 
-PROBE_VERSION = 5
+PROBE_VERSION = 6
 BWRAP_ENV = "SBX_BWRAP"
 # Options newer than Debian 11's bwrap 0.4 that the planner uses when present.
 OPTIONAL_BWRAP_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -181,6 +181,32 @@ class HostProbes:
                 pass
         return values
 
+    def container(self, root: str = "/") -> str:
+        """Which container runtime this host looks like it runs in ("" for none found):
+        the marker files Docker and Podman leave, the cgroup path of pid 1, and the
+        ``container=`` variable of pid 1's environment when it is readable."""
+        if os.path.exists(os.path.join(root, ".dockerenv")):
+            return "docker"
+        if os.path.exists(os.path.join(root, "run/.containerenv")):
+            return "podman"
+        try:
+            with open(os.path.join(root, "proc/1/cgroup")) as f:
+                cgroup = f.read()
+        except OSError:
+            cgroup = ""
+        for marker, name in (("kubepods", "kubernetes"), ("docker", "docker"), ("containerd", "containerd"),
+                             ("libpod", "podman"), ("lxc", "lxc")):
+            if marker in cgroup:
+                return name
+        try:
+            with open(os.path.join(root, "proc/1/environ"), "rb") as f:
+                for entry in f.read().split(b"\0"):
+                    if entry.startswith(b"container="):
+                        return entry[len(b"container="):].decode("utf-8", "replace") or "container"
+        except OSError:
+            pass
+        return ""
+
     def landlock_abi(self) -> tuple[int, str]:
         """The Landlock ABI and, when there is none, why. Off the launch path, so the
         ``landlock`` package (whose import costs tens of milliseconds) answers here, with
@@ -283,8 +309,11 @@ def probe_host(probes: HostProbes | None = None) -> Capabilities:
                                 "supported: " + (", ".join(sorted(features)) or "none of the optional ones")
                                 + ("; missing (not needed): " + ", ".join(missing) if missing else "")))
         else:
-            detail, remedy = _userns_failure(probes.userns_sysctls(), stderr)
+            detail, remedy = _userns_failure(probes.userns_sysctls(), stderr, probes.container())
             checks.append(Check("bwrap-userns", False, detail, remedy))
+    container = probes.container()
+    checks.append(Check("container", True, f"inside a {container} container (user namespaces may be refused there)"
+                        if container else "no container detected"))
     abi, why = probes.landlock_abi()
     if abi >= 1:
         checks.append(Check("landlock", True, f"ABI {abi}"))
@@ -309,10 +338,27 @@ def probe_host(probes: HostProbes | None = None) -> Capabilities:
                         no_new_privs=nnp, close_range_cloexec=cr, checks=tuple(checks))
 
 
-def _userns_failure(sysctls: dict[str, str], stderr: str) -> tuple[str, str]:
+CONTAINER_REMEDIES = {
+    "docker": ("start the container with a seccomp profile that lets it create user namespaces (Docker's default "
+               "one refuses unshare and clone with CLONE_NEWUSER): --security-opt seccomp=PROFILE.json, or "
+               "seccomp=unconfined; on an AppArmor host also --security-opt apparmor=unconfined or a profile that "
+               "allows userns"),
+    "podman": ("start the container with --security-opt seccomp=unconfined (or a profile that allows "
+               "CLONE_NEWUSER) and, rootless, keep user namespaces enabled on the host"),
+    "kubernetes": ("give the pod its own user namespace (spec.hostUsers: false, Kubernetes 1.30+ with a runtime "
+                   "that supports it) or a seccomp profile that allows CLONE_NEWUSER"),
+}
+
+
+def _userns_failure(sysctls: dict[str, str], stderr: str, container: str = "") -> tuple[str, str]:
     if sysctls.get("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("bwrap could not create a user namespace: AppArmor restricts unprivileged user "
                 "namespaces (kernel.apparmor_restrict_unprivileged_userns=1)", APPARMOR_REMEDY)
+    if container:
+        remedy = CONTAINER_REMEDIES.get(container, "start the container with user namespaces allowed "
+                                                   "(its seccomp and AppArmor profiles must permit CLONE_NEWUSER)")
+        return (f"bwrap could not create a user namespace inside this {container} container "
+                "(its seccomp or AppArmor profile refuses them)", remedy)
     if sysctls.get("/proc/sys/kernel/unprivileged_userns_clone") == "0":
         return ("bwrap could not create a user namespace: kernel.unprivileged_userns_clone=0",
                 "sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)")

@@ -14,7 +14,8 @@ from sandbox.tiers import Tier
 
 
 class FakeHost(probes.HostProbes):
-    def __init__(self, bwrap="/usr/bin/bwrap", userns=True, abi=7, seccomp=True, sysctls=None):
+    def __init__(self, bwrap="/usr/bin/bwrap", userns=True, abi=7, seccomp=True, sysctls=None, container=""):
+        self._container = container
         self._bwrap, self._userns, self._abi, self._seccomp = bwrap, userns, abi, seccomp
         self._sysctls = sysctls or {}
 
@@ -26,6 +27,9 @@ class FakeHost(probes.HostProbes):
 
     def bwrap_runs(self, bwrap, extra=()):
         return (self._userns and "--json-status-fd" not in extra), "bwrap: setting up uid map: Permission denied"
+
+    def container(self):
+        return self._container
 
     def userns_sysctls(self):
         return self._sysctls
@@ -68,6 +72,31 @@ def test_userns_refusals_say_why(sysctls, fragment, remedy):
     caps = probes.probe_host(FakeHost(userns=False, sysctls=sysctls))
     check = next(c for c in caps.checks if c.name == "bwrap-userns")
     assert not check.ok and fragment in check.detail and remedy in check.remedy
+
+
+@pytest.mark.parametrize("container, remedy", [("docker", "seccomp"), ("kubernetes", "hostUsers: false"),
+                                               ("podman", "seccomp=unconfined"), ("lxc", "CLONE_NEWUSER")])
+def test_a_container_refusing_user_namespaces_gets_its_own_remedy(container, remedy):
+    caps = probes.probe_host(FakeHost(userns=False, container=container))
+    check = next(c for c in caps.checks if c.name == "bwrap-userns")
+    assert not check.ok and container in check.detail and remedy in check.remedy
+    assert probes.resolve_tier(caps) == Tier.EnvironmentOnly
+
+
+def test_container_detection(tmp_path):
+    detect = probes.HostProbes().container
+    assert detect(str(tmp_path)) == ""  # control: an empty root has no marker
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "cgroup").write_text("0::/kubepods/besteffort/pod1/abc\n")
+    assert detect(str(tmp_path)) == "kubernetes"
+    (tmp_path / "proc" / "1" / "cgroup").write_text("0::/\n")
+    (tmp_path / "proc" / "1" / "environ").write_bytes(b"PATH=/bin\0container=lxc\0")
+    assert detect(str(tmp_path)) == "lxc"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".containerenv").write_text("")
+    assert detect(str(tmp_path)) == "podman"
+    (tmp_path / ".dockerenv").write_text("")
+    assert detect(str(tmp_path)) == "docker"
 
 
 def test_landlock_missing_from_lsm_list_says_so():
