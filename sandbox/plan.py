@@ -64,7 +64,8 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
                             defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None))):
     """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
     ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None;
-    ``run_as``: the unprivileged host uid bwrap runs as, for a root caller (else None)."""
+    ``run_as``: for a root caller, the command's uid inside; bwrap then runs as an
+    unprivileged host uid of the process's own (rootcaller.py). None for anyone else."""
 
     __slots__ = ()
 
@@ -90,7 +91,8 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
             out.append("bind sources: pinned at launch, each passed as a descriptor (--bind-fd/--ro-bind-fd)")
             if self.run_as is not None:
                 shown = ", ".join(m.source for m in self.mounts if m.idmap) or "nothing"
-                out.append(f"identity: bwrap runs as host uid {self.run_as} (you are root); idmapped: {shown}")
+                out.append("identity: you are root, so bwrap runs as an unprivileged host uid of this process's own "
+                           f"(inside: {self.run_as}); idmapped: {shown}")
         if self.exe_fd is not None:
             out.append(f"verified executable: {self.exe_path}, run from sealed descriptor {self.exe_fd}")
         out.append(f"stage 2: {self.stage2_helper}: fd hygiene, rlimits, no_new_privs"

@@ -2,10 +2,10 @@
 
 Run by root, bwrap's user namespace maps the command to host root: file permissions would
 let it read every root-only file in its view, and RLIMIT_NPROC does not apply to root.
-So for a root caller sbx starts bwrap as ``SANDBOX_UID`` (65534, nobody) with no groups:
-the command is nobody on the host, root-only files are closed to it, and its process
-count is bounded. To keep the caller's writable binds (the workdir) writable, each is
-shown through an *idmapped mount* whose map presents the host's root as the sandbox uid:
+So for a root caller sbx starts bwrap as ``sandbox_uid()``, an unprivileged uid of its own
+chosen at random far above any account, with no groups: root-only files are closed to the
+command, and its process count is bounded. To keep the caller's writable binds (the workdir) writable, each is
+shown through an *idmapped mount* whose map presents the host's root as that uid:
 inside, the caller's files appear owned by the command; what it creates is owned by root
 on the host. The mount is made here (open_tree, mount_setattr, move_mount) under a
 staging directory only root can list, handed to bwrap by descriptor, and removed when the sandbox
@@ -23,7 +23,8 @@ import os
 
 from .errors import HostError, SetupError
 
-SANDBOX_UID = 65534
+SANDBOX_UID_BASE, SANDBOX_UID_SPAN = 2_000_000_000, 100_000_000  # far above any account
+_sandbox_uid: int | None = None
 STAGING_ROOT = "/run/sbx-idmap"
 SETPRIV_DIRS = ("/usr/bin", "/bin")
 
@@ -35,10 +36,7 @@ _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MOUNT_ATTR_RDONLY = 0x00000001
 _MNT_DETACH = 2
-_MS_BIND = 4096
-_NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
-_CLONE_NEWUSER = 0x10000000
-USERNS_FILE = STAGING_ROOT + "/idmap-userns"
+
 _userns_fd: int | None = None
 
 
@@ -47,7 +45,8 @@ def setpriv_prefix() -> list[str]:
     for directory in SETPRIV_DIRS:
         path = os.path.join(directory, "setpriv")
         if os.access(path, os.X_OK):
-            return [path, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--"]
+            uid = sandbox_uid()
+            return [path, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     raise HostError("run as root, sbx starts the sandbox as an unprivileged uid with setpriv, which is missing",
                     "apt-get install util-linux")
 
@@ -65,25 +64,27 @@ def _syscall(number: int, *args) -> int:
     return result
 
 
+def sandbox_uid() -> int:
+    """This process's sandbox identity: an unprivileged host uid chosen at random, once, from
+    a range no account uses. Not 65534: any host process running as nobody would then own
+    the idmapped view of the caller's workdir while bwrap sets up. (Its sandboxes share it,
+    and with it the profile's nproc limit.)"""
+    global _sandbox_uid
+    if _sandbox_uid is None:
+        _sandbox_uid = SANDBOX_UID_BASE + int.from_bytes(os.urandom(4), "little") % SANDBOX_UID_SPAN
+    return _sandbox_uid
+
+
 def _idmap_userns() -> int:
-    """A user namespace whose only mapping is the host's root as SANDBOX_UID: the idmap of
-    every staged mount. Kept alive across runs by a bind mount of its ns file at
-    USERNS_FILE (root-owned, in a directory only root can write), so a tool call pays for
-    it once per boot: a child enters a new user namespace, we write its map (root may map
-    any id), bind its ns file there, end the child."""
+    """A user namespace whose only mapping is the host's root as ``sandbox_uid()``: the
+    idmap of every staged mount, made once per process. A child enters a new user
+    namespace, we write its map (root may map any id), keep a descriptor, end the child."""
     global _userns_fd
     if _userns_fd is not None:
         return _userns_fd
-    try:
-        _userns_fd = os.open(USERNS_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        if os.fstat(_userns_fd).st_uid == 0 and _is_user_namespace(_userns_fd):
-            return _userns_fd
-        os.close(_userns_fd)
-        _userns_fd = None
-    except OSError:
-        pass
     import time
 
+    uid = sandbox_uid()
     own = os.stat("/proc/self/ns/user").st_ino
     read_end, write_end = os.pipe()
     try:
@@ -102,12 +103,10 @@ def _idmap_userns() -> int:
             if time.monotonic() > deadline or os.waitpid(child, os.WNOHANG)[0]:
                 raise OSError(0, "the child did not enter a new user namespace")
             time.sleep(0.0005)
-        for name, text in (("uid_map", f"0 {SANDBOX_UID} 1\n"), ("setgroups", "deny\n"),
-                           ("gid_map", f"0 {SANDBOX_UID} 1\n")):
+        for name, text in (("uid_map", f"0 {uid} 1\n"), ("setgroups", "deny\n"), ("gid_map", f"0 {uid} 1\n")):
             with open(f"/proc/{child}/{name}", "w") as f:
                 f.write(text)
-        _persist(f"/proc/{child}/ns/user")
-        _userns_fd = os.open(USERNS_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        _userns_fd = os.open(f"/proc/{child}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise SetupError(f"could not create the user namespace for an idmapped mount: {exc.strerror}",
                          "run sbx as a regular user instead of root") from None
@@ -119,30 +118,6 @@ def _idmap_userns() -> int:
         except OSError:
             pass
     return _userns_fd
-
-
-def _persist(ns_path: str) -> None:
-    """Bind the namespace file at USERNS_FILE. Two first runs at once each bind one; the
-    later covers the earlier, and both namespaces carry the same map."""
-    import ctypes
-
-    os.makedirs(STAGING_ROOT, mode=0o711, exist_ok=True)
-    os.close(os.open(USERNS_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(ctypes.c_char_p(os.fsencode(ns_path)), ctypes.c_char_p(os.fsencode(USERNS_FILE)), None,
-                  ctypes.c_ulong(_MS_BIND), None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _is_user_namespace(fd: int) -> bool:
-    """NS_GET_NSTYPE says whether ``fd`` is a namespace, and of which kind."""
-    import fcntl
-
-    try:
-        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == _CLONE_NEWUSER
-    except OSError:
-        return False
 
 
 def stage_idmapped(source_fd: int, source: str, read_only: bool = False) -> tuple[str, int]:

@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 5
+RULES_VERSION = 6
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -127,7 +127,7 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
             lines.append("socket: AF_UNIX only (other families EPERM)")
         elif self.sockets == "loopback":
             lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
-                         "sockets and other families EPERM")
+                         "sockets and other families EPERM; socketpair: AF_UNIX only")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
@@ -269,6 +269,10 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag), from_profile=False)
     for request in DENIED_IOCTLS.values():
         add(guard, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request), from_profile=False)
+    if spec.sockets != "all":
+        # socketpair creates sockets too: only AF_UNIX has pairs, so refuse every other family
+        # before the kernel runs (or autoloads) its code.
+        add(guard, eperm, "socketpair", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     elif spec.sockets == "loopback":

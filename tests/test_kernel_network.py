@@ -46,6 +46,7 @@ attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPP
 attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close() or "opened")
 attempt("netlink_audit", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 9).close() or "opened")
 attempt("outside", lambda: socket.create_connection(("192.0.2.1", 80), timeout=2).close() or "connected")
+attempt("socketpair_vsock", lambda: socket.socketpair(40, socket.SOCK_STREAM) and "made")
 print(json.dumps(out))
 """
 EPERM = 1
@@ -84,7 +85,7 @@ def test_loopback_works_inside_and_nothing_else_is_there(runner, tier, loopback_
     assert (seen["tcp4"], seen["tcp6"], seen["udp4"]) == ("ping", "ping", "dgram"), seen
     assert seen["interfaces"] == ["lo"]  # netlink routing works (if_nameindex), and lo is all there is
     assert seen["outside"] != "connected"  # no route out of the namespace
-    assert seen["raw"] == seen["packet"] == seen["netlink_audit"] == EPERM, seen
+    assert seen["raw"] == seen["packet"] == seen["netlink_audit"] == seen["socketpair_vsock"] == EPERM, seen
 
 
 def test_the_sandboxs_hostname_and_the_service_tables_resolve(runner, loopback_control):
