@@ -122,6 +122,13 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
                           status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged)
 
 
+def bare_argv(prepared: PreparedLaunch, bwrap_path: str, command: list[str], extra: tuple[str, ...] = ()) -> list[str]:
+    """The same bwrap invocation (arguments, pinned descriptors, identity) with ``command``
+    in place of stage 2, and ``extra`` bwrap options: what the benchmarks compare sbx with."""
+    end = prepared.argv.index("--", prepared.argv.index(bwrap_path))
+    return [*prepared.argv[:end], *extra, "--", *command]
+
+
 def release_staged(staged: list[str], background: bool = False) -> None:
     if staged:
         from .rootcaller import release, release_in_background

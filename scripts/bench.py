@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox import Sandbox  # the installed sbx: run this with the venv's python (see the README)
+from sandbox.launch import bare_argv, prepare
 
 logging.getLogger("sbx").setLevel(logging.ERROR)  # row 5b runs below strict's floor on purpose
 
@@ -34,9 +35,10 @@ FIND = ["find", "/usr/lib", "/usr/share", "-xdev"]  # opens and getdents: the La
 
 
 def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` took; a row that prepares something untimed returns its own duration."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    result = fn()
+    return result if isinstance(result, float) else time.perf_counter() - start
 
 
 def run(argv: list[str], **kw) -> Callable[[], object]:
@@ -57,17 +59,30 @@ def sbx_cli() -> list[str]:
 ALLOW_ALL_BPF = (6).to_bytes(2, "little") + bytes(2) + (0x7FFF0000).to_bytes(4, "little")  # ret ALLOW
 
 
-def under_allow_all_filter(bwrap_argv: list[str], argv: list[str]) -> Callable[[], object]:
-    """bwrap with a one-instruction allow-all seccomp filter: the floor any filter pays."""
-    def go():
-        fd = os.memfd_create("allow-all")
-        os.write(fd, ALLOW_ALL_BPF)
-        os.lseek(fd, 0, os.SEEK_SET)
+def bare(sandbox: Sandbox, argv: list[str], allow_all_filter: bool = False) -> Callable[[], float]:
+    """bwrap with exactly the arguments and descriptors sbx prepares for ``sandbox`` (its
+    view, namespaces and, for root, its identity), running ``argv`` in place of stage 2;
+    optionally with a one-instruction allow-all seccomp filter: the floor any filter pays.
+    The preparation is not timed."""
+    def go() -> float:
+        plan = sandbox.plan(argv)
+        prepared = prepare(plan, sandbox.capabilities.bwrap_path, sandbox._bpf)
+        fds, extra = list(prepared.pass_fds), ()
+        if allow_all_filter:
+            fd = os.memfd_create("allow-all")
+            os.write(fd, ALLOW_ALL_BPF)
+            os.lseek(fd, 0, os.SEEK_SET)
+            fds.append(fd)
+            extra = ("--seccomp", str(fd))
         try:
-            subprocess.run([*bwrap_argv[:-2], "--seccomp", str(fd), "--", *argv], pass_fds=(fd,),
-                           stdout=DEVNULL, stderr=DEVNULL, check=False)
+            command = bare_argv(prepared, sandbox.capabilities.bwrap_path, argv, extra)
+            start = time.perf_counter()
+            subprocess.run(command, pass_fds=fds, stdout=DEVNULL, stderr=DEVNULL, env={}, check=False)
+            return time.perf_counter() - start
         finally:
-            os.close(fd)
+            prepared.discard()
+            if allow_all_filter:
+                os.close(fd)
     return go
 
 
@@ -79,13 +94,10 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
     strict = Sandbox("strict", workdir)
     standard = Sandbox("standard", workdir)
     seccomp_only = Sandbox("strict", workdir, tier="KernelSeccompOnly", allow_degraded=True)
-    bwrap = strict.capabilities.bwrap_path
-    plan = strict.plan(["true"])
-    bare_bwrap = [bwrap, *plan.bwrap_args, "--", "true"]
     cli = [*sbx_cli(), "run", "--profile", "strict", "--workdir", workdir, "--", "true"]
     rows = {
         "1 bare true": run(["true"]),
-        "2 bare bwrap (strict's namespaces and mounts)": run(bare_bwrap),
+        "2 bare bwrap (strict's namespaces and mounts)": bare(strict, ["/usr/bin/true"]),
         "3 sbx run --profile strict -- true (cold CLI)": run(cli),
         "4 Sandbox.run(['true']) warm, strict": quiet(strict, ["true"]),
         "5a Sandbox.run(['true']) warm, standard": quiet(standard, ["true"]),
@@ -96,16 +108,15 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
         "p python -I -c 'import sandbox.cli, sandbox.api' (front end start and imports)": run(
             [sys.executable, "-I", "-c", "import sandbox.cli, sandbox.api"], cwd="/"),
     }
-    notes = {"bwrap": " ".join(bare_bwrap[:6]) + " ..."}
+    notes = {"bwrap": strict.capabilities.bwrap_path}
     if heavy:
         rows["6a dd 2M read/write, bare"] = run(DD)
         rows["6b dd 2M read/write, sbx strict"] = quiet(strict, DD)
-        rows["6c dd 2M read/write, bare bwrap + allow-all seccomp filter (the floor)"] = under_allow_all_filter(
-            bare_bwrap, DD)
+        rows["6c dd 2M read/write, bare bwrap + allow-all seccomp filter (the floor)"] = bare(strict, DD, True)
         rows["6d find /usr/lib /usr/share, bare"] = run(FIND)
         rows["6e find /usr/lib /usr/share, sbx strict"] = quiet(strict, FIND)
-        rows["6f find /usr/lib /usr/share, bare bwrap + allow-all seccomp filter (the floor)"] = (
-            under_allow_all_filter(bare_bwrap, FIND))
+        rows["6f find /usr/lib /usr/share, bare bwrap + allow-all seccomp filter (the floor)"] = bare(strict, FIND,
+                                                                                                         True)
     return rows, notes
 
 

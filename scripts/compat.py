@@ -26,7 +26,7 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 
 from sandbox import Sandbox  # the installed sbx: run this with the venv's python
-from sandbox.launch import prepare
+from sandbox.launch import bare_argv, prepare
 
 PYTHON = "/usr/bin/python3"
 DEFAULT_MODULES = ["test_selectors", "test_socketserver", "test_asyncio.test_sock_lowlevel",
@@ -56,9 +56,7 @@ def run_bare(sandbox: Sandbox, modules: list[str], workdir: str) -> dict[str, st
     plan = sandbox.plan(command)
     prepared = prepare(plan, sandbox.capabilities.bwrap_path, sandbox._bpf)  # descriptors only: stage 2 never runs
     try:
-        # Everything up to bwrap's own "--" (after any setpriv prefix), then the runner.
-        end = prepared.argv.index("--", prepared.argv.index(sandbox.capabilities.bwrap_path))
-        argv = prepared.argv[:end + 1] + command
+        argv = bare_argv(prepared, sandbox.capabilities.bwrap_path, command)
         subprocess.run(argv, pass_fds=prepared.pass_fds, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={}, timeout=3600)
     finally:
