@@ -189,7 +189,7 @@ def sweep_stale() -> None:
         return
     for entry in entries:
         pid = entry.split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):  # not idmap-userns
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
             release(os.path.join(STAGING_ROOT, entry))
 
 

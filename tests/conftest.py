@@ -24,6 +24,17 @@ REPO = Path(__file__).resolve().parent.parent  # the checkout: README, scripts, 
 # exists only there.
 
 
+def fresh_dir_with(prefix: str, files: dict[str, tuple[str, int]], parent: str = "/var/tmp") -> Path:
+    """A new directory (0755) under ``parent`` holding ``files``: name -> (text, mode).
+    The caller removes it (shutil.rmtree)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path.chmod(0o755)
+    for name, (text, mode) in files.items():
+        (path / name).write_text(text)
+        (path / name).chmod(mode)
+    return path
+
+
 def _shared_dir(prefix: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     path.chmod(0o755)

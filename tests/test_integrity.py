@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SYSTEM_PYTHON, parse_json_line, verbose_tier
+from conftest import REPO, SYSTEM_PYTHON, fresh_dir_with, parse_json_line, verbose_tier
 
 # What a later run must still enforce: seccomp (Seccomp: 2, ptrace refused with EPERM where
 # the kernel itself answers ESRCH), no_new_privs, and Landlock (a preserved directory fd
@@ -57,10 +57,7 @@ def with_env(runner, **changes):
 
 @pytest.fixture(scope="module")
 def secret_dir():
-    path = Path(tempfile.mkdtemp(prefix="sbx-integrity-secret-", dir="/var/tmp"))
-    path.chmod(0o755)
-    (path / "secret").write_text("secret\n")
-    (path / "secret").chmod(0o644)
+    path = fresh_dir_with("sbx-integrity-secret-", {"secret": ("secret\n", 0o644)})
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

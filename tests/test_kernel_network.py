@@ -5,14 +5,13 @@ as uid 65534, at both kernel tiers, each with a control."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import pytest
-from conftest import SYSTEM_PYTHON, parse_json_line, verbose_tier
+from conftest import SYSTEM_PYTHON, fresh_dir_with, parse_json_line, verbose_tier
 
 TIER_ARGS = {"KernelFull": [], "KernelSeccompOnly": ["--tier", "KernelSeccompOnly", "--allow-degraded"]}
 
@@ -64,11 +63,10 @@ def loopback_control():
 
 @pytest.fixture(scope="module")
 def profiles():
-    path = Path(tempfile.mkdtemp(prefix="sbx-net-profiles-", dir="/tmp"))
-    path.chmod(0o755)
-    (path / "noloop.toml").write_text('extends = "strict"\n[network]\nloopback = false\n')
-    (path / "noloop.toml").chmod(0o644)
-    return path
+    path = fresh_dir_with("sbx-net-profiles-", {"noloop.toml": ('extends = "strict"\n[network]\nloopback = false\n',
+                                                                 0o644)}, parent="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def probe(runner, *flags: str) -> tuple[str, dict]:

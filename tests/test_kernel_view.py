@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SYSTEM_PYTHON, verbose_tier
+from conftest import SYSTEM_PYTHON, fresh_dir_with, verbose_tier
 
 FULL = ["--verbose"]
 SECCOMP_ONLY = ["--verbose", "--tier", "KernelSeccompOnly", "--allow-degraded"]
@@ -39,10 +39,7 @@ def as_user(runner, argv, **kw):
 @pytest.fixture
 def secret(runner):
     """A host file outside every bind that the runner's user can read outside sbx."""
-    directory = Path(tempfile.mkdtemp(prefix="sbx-view-secret-", dir="/var/tmp"))
-    directory.chmod(0o755)
-    (directory / "secret").write_text("host secret\n")
-    (directory / "secret").chmod(0o644)
+    directory = fresh_dir_with("sbx-view-secret-", {"secret": ("host secret\n", 0o644)})
     yield directory / "secret"
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -194,10 +191,7 @@ def test_writes_through_the_standard_view_land_only_in_the_workdir(runner):
 
 @pytest.fixture
 def root_only_file():
-    directory = Path(tempfile.mkdtemp(prefix="sbx-view-rootonly-", dir="/var/tmp"))
-    directory.chmod(0o755)
-    (directory / "secret").write_text("root only\n")
-    (directory / "secret").chmod(0o600)
+    directory = fresh_dir_with("sbx-view-rootonly-", {"secret": ("root only\n", 0o600)})
     yield directory / "secret"
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -222,13 +222,19 @@ def test_a_fifo_swapped_in_after_resolution_neither_blocks_nor_runs(tmp_path, mo
     assert done and "not a regular file" in done[0]  # an open that blocked would leave done empty
 
 
-def test_a_verified_script_whose_interpreter_lies_in_the_workdir_is_refused(tmp_path):
+def script_with_a_workdir_interpreter(tmp_path, spelling: str = "{work}/mysh"):
+    """A workdir holding a copy of sh and a script whose #! line names it as ``spelling``."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy("/bin/sh", work / "mysh")
     script = work / "tool.sh"
-    script.write_text(f"#!{work}/mysh\necho ran\n")
+    script.write_text(f"#!{spelling.format(work=work)}\necho ran\n")
     script.chmod(0o755)
+    return work, script
+
+
+def test_a_verified_script_whose_interpreter_lies_in_the_workdir_is_refused(tmp_path):
+    work, script = script_with_a_workdir_interpreter(tmp_path)
     sandbox = Sandbox("strict", work)
     with pytest.raises(ExecutableDigestError, match="writable inside the sandbox"):
         sandbox.run([str(script)], exe_sha256=sha256(script))
@@ -240,11 +246,6 @@ def test_a_verified_script_whose_interpreter_lies_in_the_workdir_is_refused(tmp_
 
 @pytest.mark.parametrize("spelling", ["//{work}/mysh", "/usr/..{work}/mysh"])
 def test_an_interpreter_spelled_around_the_check_is_refused(tmp_path, spelling):
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy("/bin/sh", work / "mysh")
-    script = work / "tool.sh"
-    script.write_text(f"#!{spelling.format(work=work)}\necho ran\n")
-    script.chmod(0o755)
+    work, script = script_with_a_workdir_interpreter(tmp_path, spelling)
     with pytest.raises(ExecutableDigestError):
         Sandbox("strict", work).run([str(script)], exe_sha256=sha256(script))
