@@ -10,8 +10,8 @@
  * seccomp BPF were computed by the Python side, and this program only installs them, in
  * the order main() reads top to bottom:
  *
- *     fd hygiene -> config -> preserved fds -> chdir -> rlimits -> no_new_privs
- *         -> Landlock -> seccomp -> exec
+ *     fd hygiene -> config -> preserved fds -> chdir -> network bridge -> rlimits
+ *         -> no_new_privs -> Landlock -> seccomp -> exec
  *
  * Every failure after the config is read is one 'E' record on the status fd, naming the
  * layer, the errno and the exit status; nothing is printed. The status fd is close-on-exec,
@@ -31,10 +31,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -101,6 +105,7 @@ enum {
     TAG_LANDLOCK_RULE = 8,
     TAG_SECCOMP_FD = 9,
     TAG_EXE_FD = 10,
+    TAG_PROXY_LISTEN = 11,
     TAG_FAULT = 0x7F,
 };
 
@@ -114,7 +119,7 @@ enum {
 
 #ifdef SBX_STAGE2_FAULTS
 static const char *const fault_steps[] = {
-    "close_range", "preserved-fd", "chdir", "rlimits", "no_new_privs", "landlock", "seccomp", "exec",
+    "close_range", "preserved-fd", "chdir", "network-bridge", "rlimits", "no_new_privs", "landlock", "seccomp", "exec",
 };
 static const char *injected_fault;
 
@@ -515,6 +520,8 @@ struct config {
     size_t n_rules;
     int seccomp_fd;
     int exe_fd;
+    int proxy_channel_fd; /* -1: no network bridge */
+    uint16_t proxy_port;
     char *fault;
 };
 
@@ -704,6 +711,22 @@ parse_fault(struct failure *f, const unsigned char *p, uint32_t len, struct conf
 #endif
 
 static int
+parse_proxy_listen(struct failure *f, const unsigned char *p, uint32_t len, struct config *cfg)
+{
+    uint16_t port;
+
+    if (expect_length(f, TAG_PROXY_LISTEN, len, 6) < 0)
+        return -1;
+    if (parse_fd_payload(f, TAG_PROXY_LISTEN, p, 4, &cfg->proxy_channel_fd) < 0)
+        return -1;
+    port = get_u16(p + 4);
+    if (port == 0)
+        return config_error(f, "proxy port 0", TAG_PROXY_LISTEN);
+    cfg->proxy_port = port;
+    return 0;
+}
+
+static int
 parse_record(struct failure *f, unsigned int tag, unsigned char *p, uint32_t len, struct config *cfg)
 {
     switch (tag) {
@@ -729,6 +752,8 @@ parse_record(struct failure *f, unsigned int tag, unsigned char *p, uint32_t len
         return parse_fd_payload(f, tag, p, len, &cfg->seccomp_fd);
     case TAG_EXE_FD:
         return parse_fd_payload(f, tag, p, len, &cfg->exe_fd);
+    case TAG_PROXY_LISTEN:
+        return parse_proxy_listen(f, p, len, cfg);
 #ifdef SBX_STAGE2_FAULTS
     case TAG_FAULT:
         return parse_fault(f, p, len, cfg);
@@ -804,7 +829,7 @@ read_config(int config_fd, struct config *cfg, struct failure *f)
     size_t len;
 
     memset(cfg, 0, sizeof *cfg);
-    cfg->status_fd = cfg->seccomp_fd = cfg->exe_fd = -1;
+    cfg->status_fd = cfg->seccomp_fd = cfg->exe_fd = cfg->proxy_channel_fd = -1;
     if (read_whole_fd(config_fd, &buf, &len) < 0)
         return fail(f, "config", errno, "cannot read the config descriptor");
     /* Safe here: the config memfd is ours alone and fully read. */
@@ -886,6 +911,69 @@ change_directory(const char *cwd, struct failure *f)
     /* Safe here: the namespace's view is final, and the command expects to start here. */
     if (FAULTABLE("chdir", chdir(cwd)) < 0)
         return fail(f, "chdir", errno, cwd);
+    return 0;
+}
+
+/* The network bridge: a TCP listener on 127.0.0.1 inside this network namespace, handed
+ * to the front end over the channel socket (SCM_RIGHTS) and closed here. The front end
+ * accepts on it and enforces the allowlist on every connection (sandbox/netproxy.py), so
+ * nothing of the bridge stays in the command: no descriptor, no unix socket to reach the
+ * host by, no process. Safe here: the namespace is final and seccomp, installed later,
+ * refuses new AF_UNIX sockets to the command; this step runs before it. */
+static int
+hand_over_proxy_listener(const struct config *cfg, struct failure *f)
+{
+    struct sockaddr_in addr;
+    struct msghdr msg;
+    struct iovec iov;
+    struct cmsghdr *cmsg;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    char byte = 'L';
+    int listener, one = 1;
+
+    listener = (int)FAULTABLE("network-bridge", socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (listener < 0)
+        return fail(f, "network-bridge", errno, "socket(AF_INET)");
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(cfg->proxy_port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(listener, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        fail(f, "network-bridge", errno, "bind 127.0.0.1:");
+        text_add_u64(&f->detail, cfg->proxy_port);
+        close(listener);
+        return -1;
+    }
+    if (listen(listener, 128) < 0) {
+        fail(f, "network-bridge", errno, "listen");
+        close(listener);
+        return -1;
+    }
+    memset(&msg, 0, sizeof(msg));
+    memset(&control, 0, sizeof(control));
+    iov.iov_base = &byte;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof(control.buf);
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &listener, sizeof(int));
+    if (sendmsg(cfg->proxy_channel_fd, &msg, MSG_NOSIGNAL) != 1) {
+        fail(f, "network-bridge", errno, "cannot hand the listener to sbx");
+        close(listener);
+        return -1;
+    }
+    /* Our copies go: the front end holds the only listener, and the channel ends here. */
+    close(listener);
+    close(cfg->proxy_channel_fd);
     return 0;
 }
 
@@ -1273,6 +1361,8 @@ main(int argc, char **argv)
     if (make_preserved_fds_inheritable(&keep, &f) < 0)
         goto failed;
     if (cfg.cwd != NULL && change_directory(cfg.cwd, &f) < 0)
+        goto failed;
+    if (cfg.proxy_channel_fd >= 0 && hand_over_proxy_listener(&cfg, &f) < 0)
         goto failed;
     if (apply_rlimits(&cfg, &f) < 0)
         goto failed;

@@ -15,6 +15,8 @@ Config (a memfd; every integer little-endian)::
     8  LANDLOCK_RULE  u64 access, u8 optional, path bytes  repeatable, after LANDLOCK
     9  SECCOMP_FD     i32                                  optional
     10 EXE_FD         i32                                  optional
+    11 PROXY_LISTEN   i32 channel fd, u16 port             optional: the network bridge's
+                      listener on 127.0.0.1:port goes to the front end over the channel
     0x7F FAULT        step name                            test builds only
 
 Status frames: 1 byte kind, u32 payload length, payload. ``S`` (started, empty), ``N``
@@ -50,6 +52,7 @@ TAG_LANDLOCK = 7
 TAG_LANDLOCK_RULE = 8
 TAG_SECCOMP_FD = 9
 TAG_EXE_FD = 10
+TAG_PROXY_LISTEN = 11
 TAG_FAULT = 0x7F
 
 DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -58,11 +61,12 @@ _SOCK_FILTER_SIZE = 8
 
 Stage2Config = namedtuple(
     "Stage2Config",
-    "status_fd argv env cwd search_path rlimits landlock seccomp_fd exe_fd fault",
-    defaults=((), None, DEFAULT_SEARCH_PATH, (), None, None, None, None),
+    "status_fd argv env cwd search_path rlimits landlock seccomp_fd exe_fd proxy_listen fault",
+    defaults=((), None, DEFAULT_SEARCH_PATH, (), None, None, None, None, None),
 )
 Stage2Config.__doc__ = """Everything stage 2 needs. ``env``: (name, value) pairs; ``rlimits``:
 (resource number, soft, hard) with -1 for infinity; ``landlock``: a LandlockSpec or None;
+``proxy_listen``: (channel fd, port) for the network bridge, or None;
 ``fault``: a step name that a -DSBX_STAGE2_FAULTS build fails with EPERM (tests only)."""
 
 LandlockSpec = namedtuple("LandlockSpec", "abi fs net scoped file_rights rules", defaults=((),))
@@ -190,6 +194,13 @@ def encode_config(cfg: Stage2Config) -> bytes:
         out.append(_record(TAG_SECCOMP_FD, _fd(cfg.seccomp_fd, "seccomp_fd")))
     if cfg.exe_fd is not None:
         out.append(_record(TAG_EXE_FD, _fd(cfg.exe_fd, "exe_fd")))
+    if cfg.proxy_listen is not None:
+        try:
+            channel, port = cfg.proxy_listen
+        except (TypeError, ValueError):
+            raise ValueError("proxy_listen must be a (channel fd, port) pair") from None
+        out.append(_record(TAG_PROXY_LISTEN, _fd(channel, "proxy_listen channel")
+                           + _int(port, "proxy_listen port", 1, 65535).to_bytes(2, "little")))
     if cfg.fault is not None:
         out.append(_record(TAG_FAULT, _bytes(cfg.fault, "fault", empty=False)))
     return b"".join(out)

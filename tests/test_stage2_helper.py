@@ -15,6 +15,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections import namedtuple
@@ -254,12 +255,27 @@ def _step_setup(step: str, tmp_path: Path) -> dict:
     if step == "seccomp":
         fd = memfd(frame_programs([ALLOW_ALL]))
         return {"seccomp_fd": fd, "pass_fds": (fd,)}
+    if step == "network-bridge":
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _CHANNELS.append(ours)
+        fd = _high(theirs.detach())
+        return {"proxy_listen": (fd, _free_port()), "pass_fds": (fd,)}
     return {}
+
+
+_CHANNELS: list = []  # the test's ends of network-bridge channels, kept open while the helper runs
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 FAULT_EXPECTATIONS = {
     "preserved-fd": (EXIT_SETUP_FAILED, "failed to read fd flags for preserved file descriptor 7"),
     "chdir": (EXIT_SETUP_FAILED, None),  # the directory
+    "network-bridge": (EXIT_SETUP_FAILED, "socket(AF_INET)"),
     "rlimits": (EXIT_SETUP_FAILED, "setrlimit(resource 4, soft 0, hard 0)"),
     "no_new_privs": (EXIT_SETUP_FAILED, "prctl(PR_SET_NO_NEW_PRIVS)"),
     "landlock": (EXIT_SETUP_FAILED, "landlock_restrict_self"),
@@ -283,6 +299,45 @@ def test_fault_in_each_step_is_reported_and_stops_the_command(helpers, tmp_path,
     exit_status, detail = FAULT_EXPECTATIONS[step]
     assert (record.layer, record.errno, record.exit) == (step, errno.EPERM, exit_status)
     assert record.detail == (detail if detail is not None else str(tmp_path))
+    assert not marker.exists()
+
+
+# --- the network bridge ----------------------------------------------------------------------
+
+
+def test_network_bridge_hands_over_a_listener_and_keeps_nothing(helpers):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel = _high(theirs.detach())
+    port = _free_port()
+    result = run_stage2(helpers["normal"], [*PY, FD_PROBE], proxy_listen=(channel, port), pass_fds=(channel,))
+    succeeded(result)
+    assert fd_list(result) == [0, 1, 2]  # neither the listener nor the channel reaches the command
+    _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+    ours.close()
+    assert len(fds) == 1
+    with socket.socket(fileno=fds[0]) as listener:
+        assert (listener.family, listener.type) == (socket.AF_INET, socket.SOCK_STREAM)
+        assert listener.getsockname() == ("127.0.0.1", port)
+        assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)  # it listens: the host can accept
+        listener.accept()[0].close()
+        client.close()
+
+
+def test_network_bridge_port_in_use_is_reported(helpers, tmp_path):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel = _high(theirs.detach())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        marker = tmp_path / "ran"
+        result = run_stage2(helpers["normal"], ["/usr/bin/touch", str(marker)],
+                            proxy_listen=(channel, port), pass_fds=(channel,))
+    ours.close()
+    record = failure(result)
+    assert (record.layer, record.errno, record.exit) == ("network-bridge", errno.EADDRINUSE, EXIT_SETUP_FAILED)
+    assert record.detail == f"bind 127.0.0.1:{port}"
     assert not marker.exists()
 
 
@@ -613,6 +668,10 @@ def test_usage_errors(helpers, args):
     ({"argv": ["x"], "landlock": LandlockSpec(5, 1 << 64, 0, 0, 1)}, "landlock.fs"),
     ({"argv": ["x"], "landlock": LandlockSpec(5, 1, 0, 0, 1, (("/a", 1, 2),))}, "landlock.rules[0].optional"),
     ({"argv": ["x"], "fault": "a\0"}, "fault"),
+    ({"argv": ["x"], "proxy_listen": (5, 0)}, "proxy_listen port"),
+    ({"argv": ["x"], "proxy_listen": (5, 65536)}, "proxy_listen port"),
+    ({"argv": ["x"], "proxy_listen": (-1, 80)}, "proxy_listen channel"),
+    ({"argv": ["x"], "proxy_listen": 5}, "proxy_listen must be"),
 ])
 def test_encode_config_rejects_what_stage2_cannot_represent(fields, field):
     fields = {"status_fd": 3, **fields}
@@ -624,13 +683,14 @@ def test_encode_config_rejects_what_stage2_cannot_represent(fields, field):
 def test_encode_config_layout():
     cfg = Stage2Config(status_fd=5, argv=["a", os.fsdecode(b"\xff")], env={"K": "v"}, cwd="/w", search_path="/bin",
                        rlimits=((7, 64, -1),), landlock=LandlockSpec(1, 2, 3, 4, 5, (("/p", 6, True),)),
-                       seccomp_fd=8, exe_fd=9)
+                       seccomp_fd=8, exe_fd=9, proxy_listen=(11, 3128))
     data = encode_config(cfg)
     le = lambda n, size: n.to_bytes(size, "little", signed=True)  # noqa: E731
     assert data == (b"SBX2" + le(1, 4) + _record(1, le(5, 4)) + _record(2, b"/w") + _record(3, b"a\0\xff\0")
                     + _record(4, b"K=v\0") + _record(5, b"/bin") + _record(6, le(7, 4) + le(64, 8) + le(-1, 8))
                     + _record(7, le(1, 4) + le(2, 8) + le(3, 8) + le(4, 8) + le(5, 8))
-                    + _record(8, le(6, 8) + b"\x01/p") + _record(9, le(8, 4)) + _record(10, le(9, 4)))
+                    + _record(8, le(6, 8) + b"\x01/p") + _record(9, le(8, 4)) + _record(10, le(9, 4))
+                    + _record(11, le(11, 4) + le(3128, 2)))
 
 
 def test_frame_programs_rejects_malformed_programs():
