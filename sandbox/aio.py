@@ -123,7 +123,7 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
     except asyncio.CancelledError:
         preparation.add_done_callback(_discard)
         raise
-    status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+    status = prepared.status(plan.bwrap_args is not None)
     try:
         # If this is cancelled after the fork, asyncio closes the transport: it kills bwrap,
         # and with it (--die-with-parent, the pid namespace) the whole sandbox.
@@ -139,6 +139,10 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
         if exe is not None:
             exe.close()
     process = SandboxAsyncProcess(transport, protocol, loop, status, plan, timeout)
-    if prepared.staged:  # a root caller's staging mounts: released once bwrap has them, off the loop
-        await asyncio.wrap_future(_preparers.submit(status.release_once_started))
+    if status.needs_after_start:  # staging mounts released, the bridge served: off the loop
+        try:
+            await asyncio.wrap_future(_preparers.submit(status.after_start))
+        except BaseException:
+            process.kill_sandbox()
+            raise
     return process

@@ -8,7 +8,7 @@ plans and launches. It holds no per-call state, so one instance serves many thre
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from . import arguments, hostview, probes
 from .errors import HostError, ProfileError, UsageError, WorkdirError
@@ -27,7 +27,9 @@ class Sandbox:
                  tier: str | Tier | None = None, allow_degraded: bool = False,
                  ro_binds: Sequence[str] = (), binds: Sequence[str] = (), share_net: bool = False,
                  setenv: Mapping[str, str] | None = None, timeout: float | None = None,
-                 exe_max_mib: int | None = None, capabilities: probes.Capabilities | None = None) -> None:
+                 exe_max_mib: int | None = None, capabilities: probes.Capabilities | None = None,
+                 allow_hosts: Sequence[str] = (), on_network_event: Callable[[object], object] | None = None,
+                 network_resolver: Callable[[str, int], Awaitable[list[str]]] | None = None) -> None:
         if isinstance(profile, Profile):
             self.profile = profile
         else:
@@ -41,6 +43,11 @@ class Sandbox:
         self._binds = arguments.paths(binds, "binds")
         self._share_net = arguments.flag(share_net, "share_net")
         self._setenv = arguments.variables(setenv, "setenv")
+        self._allow_hosts = arguments.hosts(allow_hosts)
+        # Called on the proxy's thread for each allow/deny decision (netproxy.NetEvent);
+        # the resolver maps an allowed name to the addresses to try (tests inject one).
+        self._network_hooks = (arguments.callback(on_network_event, "on_network_event"),
+                               arguments.callback(network_resolver, "network_resolver"))
         timeout = arguments.timeout(timeout)
         self.capabilities = capabilities or probes.host_capabilities()
         self.host_tier = probes.resolve_tier(self.capabilities)
@@ -54,14 +61,19 @@ class Sandbox:
         self.exe_max_bytes = mib << 20  # the largest file --exe-sha256 reads
         self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
                                       protected_paths(self.profile.sources, self.capabilities.bwrap_path))
+        network = self.profile.table("network")
         try:
+            # The same spec every call's plan carries (plan.build_plan): it depends only on the
+            # profile, the tier and the network settings, all fixed here.
             self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"), self._effective_share_net(),
-                                                        self.profile.table("network")["loopback"]))
+                                                        network["loopback"],
+                                                        proxy=bool(network["allow"] or self._allow_hosts)))
                          if self.tier.uses_seccomp else None)
         except ProfileError as exc:  # an unknown syscall name: say where the profile names it
             where = locate_value(self.profile.sources, "seccomp", getattr(exc, "syscall", ""))
             raise ProfileError(f"profile {where}: {exc.message}", exc.remedy) from None
-        self.plan(["true"])  # refuse a broken configuration now, not at the first call
+        first = self.plan(["true"])  # refuse a broken configuration now, not at the first call
+        self.network_allow = first.network_allow
 
     def _effective_share_net(self) -> bool:
         return self._share_net or not self.profile.table("namespaces")["net"]
@@ -73,7 +85,7 @@ class Sandbox:
         return Request(argv=arguments.argv(argv), workdir=self.workdir, preserve_fds=arguments.fds(preserve_fds),
                        ro_binds=self._ro_binds, binds=self._binds, share_net=self._share_net,
                        setenv=setenv, host_env=tuple(os.environ.items()), exe_fd=exe_fd,
-                       exe_path=exe_path)
+                       exe_path=exe_path, allow_hosts=self._allow_hosts)
 
     def plan(self, argv: Sequence[str], preserve_fds: Sequence[int] = (),
              env: Mapping[str, str] | None = None, exe_fd: int | None = None,
@@ -104,7 +116,7 @@ class Sandbox:
         from .process import launch
 
         try:
-            return launch(plan, self.capabilities.bwrap_path, self._bpf, deadline, **popen_kwargs)
+            return launch(plan, self.capabilities.bwrap_path, self._bpf, deadline, self._network_hooks, **popen_kwargs)
         finally:
             if exe is not None:
                 exe.close()
@@ -117,7 +129,7 @@ class Sandbox:
         (``degraded_warning``). The same preparation, status channel and exit table."""
         plan, exe = self._plan_with_exe(argv, preserve_fds, None, exe_sha256)
         try:
-            return DirectProcess(prepare(plan, self.capabilities.bwrap_path, self._bpf), plan)
+            return DirectProcess(prepare(plan, self.capabilities.bwrap_path, self._bpf, self._network_hooks), plan)
         finally:
             if exe is not None:
                 exe.close()
@@ -194,7 +206,7 @@ class Sandbox:
         self._warn_if_degraded()
         plan, exe = self._plan_with_exe(argv, preserve_fds, env, exe_sha256)
         try:
-            return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf), exe
+            return plan, prepare(plan, self.capabilities.bwrap_path, self._bpf, self._network_hooks), exe
         except BaseException:
             if exe is not None:
                 exe.close()

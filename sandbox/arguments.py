@@ -161,3 +161,23 @@ def mib(value: object, name: str) -> int:
     if not 1 <= value <= 1 << 20:
         raise ArgumentValueError(f"{name} = {value}: from 1 to 1048576 MiB", f"pass e.g. {name}=256")
     return value
+
+
+def hosts(value: object, name: str = "allow_hosts") -> tuple[str, ...]:
+    """HOST[:PORT] entries; their syntax is checked by the planner (netproxy.parse_allow)."""
+    if isinstance(value, (str, bytes)) or not _iterable(value):
+        raise ArgumentTypeError(f"{name} must be a list of HOST[:PORT] strings, not {_type_name(value)}",
+                                f"pass {name}=['pypi.org', 'github.com:443']")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ArgumentTypeError(f"{name}[{i}] must be a str, not {_type_name(item)}", "pass host names as str")
+        out.append(item)
+    return tuple(out)
+
+
+def callback(value: object, name: str) -> object:
+    if value is not None and not callable(value):
+        raise ArgumentTypeError(f"{name} must be callable or None, not {_type_name(value)}",
+                                f"pass a function, e.g. {name}=events.append")
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -64,6 +65,9 @@ COMMANDS: dict[str, tuple[str, str, list[Option]]] = {
         Option("--ro-bind", "append", "also show PATH read-only (repeatable)", "PATH"),
         Option("--bind", "append", "also show PATH read-write (repeatable)", "PATH"),
         Option("--share-net", "flag", "keep the host network"),
+        Option("--allow-host", "append", "let the command reach HOST (ports 80 and 443, or PORT) through sbx's proxy "
+               "(repeatable; *.DOMAIN for its subdomains)", "HOST[:PORT]"),
+        Option("--net-log", "value", "write every allow/deny decision of the proxy to FILE as JSON lines", "FILE"),
         Option("--setenv", "append", "set a variable inside (repeatable)", "NAME=VALUE", convert=_setenv),
         Option("--timeout", "value", "kill the whole sandbox after this long (exit 124)", "SECONDS", convert=_seconds),
         Option("--tier", "value", "force a lower tier: KernelFull, KernelSeccompOnly or EnvironmentOnly", "NAME"),
@@ -75,7 +79,7 @@ COMMANDS: dict[str, tuple[str, str, list[Option]]] = {
         Option("--exe-max-mib", "value", "the largest file --exe-sha256 reads, in MiB (default 256)", "N",
                convert=_mib),
         Option("--dry-run", "flag", "print the launch plan and exit 0"),
-        Option("--verbose", "flag", "say which tier and layers the run used"),
+        Option("--verbose", "flag", "say which tier and layers the run used, and each proxy decision"),
     ]),
     "doctor": ("probe the host and resolve the tier", "sbx doctor [--json] [--profile NAME]", [
         Option("--json", "flag", "print one JSON object"),
@@ -218,9 +222,18 @@ def cmd_run(args: Arguments) -> int:
     command = args.positionals
     if not command:
         raise UsageError("no command given", "put the command after '--': sbx run --profile strict -- ls")
+    net_log: list[int] = []  # the --net-log descriptor, opened once everything else checked out
     sandbox = Sandbox(args.profile, args.workdir, tier=args.tier, allow_degraded=args.allow_degraded,
                       ro_binds=args.ro_bind, binds=args.bind, share_net=args.share_net,
-                      setenv=dict(args.setenv), timeout=args.timeout, exe_max_mib=args.exe_max_mib)
+                      setenv=dict(args.setenv), timeout=args.timeout, exe_max_mib=args.exe_max_mib,
+                      allow_hosts=args.allow_host,
+                      on_network_event=_network_reporter(net_log, args.verbose))
+    if args.net_log is not None:
+        if not sandbox.network_allow:
+            raise UsageError("--net-log without a network allowlist: there would be nothing to log",
+                             "add --allow-host HOST (or a profile's [network] allow), or drop --net-log")
+        if not args.dry_run:
+            net_log.append(_open_net_log(args.net_log))
     if sandbox.degraded_warning:  # start() does not log it: the CLI says it here, once
         print(f"sbx: warning: {sandbox.degraded_warning}", file=sys.stderr)
     if args.dry_run:
@@ -267,6 +280,40 @@ def cmd_run(args: Arguments) -> int:
     return status
 
 
+def _open_net_log(path: str) -> int:
+    """The --net-log file, opened once, before the sandbox exists: created 0600 or truncated,
+    never through a symlink at its last component, and never a FIFO or device (an earlier
+    sandbox may have planted one in its workdir to block or redirect sbx)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader: refused without blocking
+            raise UsageError(f"--net-log {path} is not a regular file", "pass a path to a regular file (it is created)") \
+                from None
+        raise UsageError(f"--net-log {path}: cannot open it: {exc.strerror}",
+                         "pass a path to a regular file in a directory you can write") from None
+    import stat
+
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"--net-log {path} is not a regular file", "pass a path to a regular file (it is created)")
+    os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _network_reporter(log: list[int], verbose: bool):
+    """The CLI's proxy event sink: JSON lines to --net-log, one line each on stderr with --verbose."""
+    def report(event) -> None:
+        for fd in log:
+            os.write(fd, (event.to_json() + "\n").encode())
+        if verbose:
+            where = f"{event.host}:{event.port}"
+            print(f"sbx: net: {event.action} {where} ({event.protocol})" + (f": {event.reason}" if event.reason else ""),
+                  file=sys.stderr, flush=True)
+    return report
+
+
 def cmd_doctor(args: Arguments) -> int:
     from . import probes
     from .hostview import observe
@@ -285,17 +332,20 @@ def cmd_doctor(args: Arguments) -> int:
                             caps.bwrap_features).describe().splitlines()
     except SandboxError as exc:
         layers = [f"(cannot plan profile {profile.name} here: {exc})"]
+    from .netcheck import allowlist_check
+
+    checks = [*caps.checks, allowlist_check(tier)]
     if args.json:
         import json
 
         print(json.dumps({"tier": tier.name, "landlock_abi": caps.landlock_abi,
-                          "checks": [c._asdict() for c in caps.checks],
+                          "checks": [c._asdict() for c in checks],
                           "bwrap": {"path": caps.bwrap_path, "version": caps.bwrap_version,
                                     "features": sorted(caps.bwrap_features)},
                           "profile": profile.name, "layers": layers}, indent=2))
         return 0
-    width = max(len(c.name) for c in caps.checks)
-    for check in caps.checks:
+    width = max(len(c.name) for c in checks)
+    for check in checks:
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.name:<{width}}  {check.detail}")
         if not check.ok and check.remedy:
             print(f"     {'':<{width}}  remedy: {check.remedy}")

@@ -38,10 +38,15 @@ class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
     def __init__(self, argv: list[str], pass_fds: tuple[int, ...], status_read: int,
-                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str]) -> None:
+                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str], bridge=None) -> None:
         self.argv, self.pass_fds = argv, pass_fds
         self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
         self.staged = staged  # idmapped mounts to release when the sandbox ends (rootcaller.py)
+        self.bridge = bridge  # the network allowlist's NetworkBridge (netbridge.py), or None
+
+    def status(self, uses_bwrap: bool) -> SandboxStatus:
+        """The status channel of this launch, which also owns its staging mounts and bridge."""
+        return SandboxStatus(self.status_read, uses_bwrap, self.staged, self.bridge)
 
     def close_parent_copies(self) -> None:
         """Once the child is started (or failed to): close our descriptors, and set back the
@@ -64,10 +69,14 @@ class PreparedLaunch:
         except OSError:
             pass
         release_staged(self.staged)
+        if self.bridge is not None:
+            self.bridge.close()
 
 
-def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> PreparedLaunch:
-    """Make the preserved fds inheritable and build every descriptor the child needs."""
+def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
+            network_hooks: tuple = (None, None)) -> PreparedLaunch:
+    """Make the preserved fds inheritable and build every descriptor the child needs.
+    ``network_hooks``: (on_event, resolver) for a plan with a network allowlist."""
     if plan.seccomp is not None and not bpf:
         raise SetupError("the plan needs seccomp but no compiled filter was given",
                          "this is a bug in sbx: report it with 'sbx run --dry-run' output")
@@ -80,6 +89,7 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         raise PreservedFdError(str(exc), exc.fd, exc.errno) from None
     owned: list[int] = []
     staged: list[str] = []
+    bridge = None
     try:
         status_read, status_write = os.pipe()  # both close-on-exec
         owned.append(status_write)
@@ -88,7 +98,13 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         if plan.seccomp is not None:
             seccomp_fd = memfd_with("sbx-seccomp", bpf)
             owned.append(seccomp_fd)
-        config = encode_config(plan.stage2_config(status_write, seccomp_fd))
+        if plan.network_allow:
+            from .netbridge import NetworkBridge
+
+            bridge = NetworkBridge(plan.network_allow, *network_hooks)
+            owned.append(bridge.child_fd)
+        config = encode_config(plan.stage2_config(status_write, seccomp_fd,
+                                                  bridge.child_fd if bridge is not None else None))
         config_fd = memfd_with("sbx-config", config)
         owned.append(config_fd)
         stage2_argv = [plan.stage2_helper, str(config_fd), ",".join(str(fd) for fd in plan.preserved_fds)]
@@ -110,6 +126,8 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         if "status_read" in locals():
             os.close(status_read)
         release_staged(staged)
+        if bridge is not None:
+            bridge.close()
         restore_cloexec(cleared)
         if isinstance(exc, SandboxError):
             raise
@@ -119,7 +137,8 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         raise SetupError(f"could not prepare the launch descriptors: {exc.strerror}",
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
-                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged)
+                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged,
+                          bridge=bridge)
 
 
 def bare_argv(prepared: PreparedLaunch, bwrap_path: str, command: list[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -195,10 +214,11 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> l
 class SandboxStatus:
     """Reads stage 2's status records and turns a raw exit status into sbx's table."""
 
-    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None) -> None:
+    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None, bridge=None) -> None:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
         self._staged = staged if staged is not None else []
+        self._bridge = bridge
         # The library's handles may be waited for on an event loop's thread: unmount there
         # in the background. The CLI (DirectProcess) releases in line before it exits.
         self.release_in_background = True
@@ -240,12 +260,29 @@ class SandboxStatus:
                 break
         release_staged(self._staged, background=False)
 
+    def after_start(self) -> None:
+        """Right after the child is started: release a root caller's staging mounts once
+        bwrap has them, and serve the network bridge once stage 2 sends it. Blocks for at
+        most a few milliseconds on a healthy host; a SetupError means the sandbox must be
+        killed (the bridge never came)."""
+        self.release_once_started()
+        if self._bridge is not None:
+            self._bridge.start()
+
+    @property
+    def needs_after_start(self) -> bool:
+        return bool(self._staged) or self._bridge is not None
+
     def close(self) -> None:
-        """Done with this sandbox: close the channel, release any idmapped staging mounts."""
+        """Done with this sandbox: close the channel, release any idmapped staging mounts,
+        stop its proxy."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         release_staged(self._staged, self.release_in_background)
+        bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            bridge.close()
 
     def translate(self, raw: int, killed_by_us: bool, timed_out: bool = False) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""
@@ -298,7 +335,7 @@ class DirectProcess:
     """
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+        self._status = prepared.status(plan.bwrap_args is not None)
         self._status.release_in_background = False
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
@@ -317,7 +354,12 @@ class DirectProcess:
         finally:
             prepared.close_parent_copies()
         self._pidfd = os.pidfd_open(self.pid)
-        self._status.release_once_started()
+        try:
+            self._status.after_start()
+        except SandboxError:
+            self.kill_sandbox()
+            self.wait()
+            raise
 
     @property
     def notes(self) -> list[str]:

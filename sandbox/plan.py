@@ -11,7 +11,7 @@ import os
 from collections import namedtuple
 
 from . import landlock_rights as ll
-from .errors import BindError, HostError, SandboxError, UsageError, WorkdirError
+from .errors import BindError, HostError, ProfileError, SandboxError, UsageError, WorkdirError
 from .hostview import MERGED_USR_LINKS, HostPath, HostView
 from .integrity import SYSTEM_EXACT, SYSTEM_TREES, overlaps
 from .profile import Profile
@@ -31,14 +31,20 @@ HOSTS_FILE = (f"127.0.0.1\tlocalhost {SANDBOX_HOSTNAME}\n"
               f"::1\tlocalhost ip6-localhost ip6-loopback {SANDBOX_HOSTNAME}\n")
 DATA_MARKER = "<generated>"  # in bwrap_args, where a generated file's descriptor goes
 HIDE_TMPFS_BYTES = 1 << 16  # an empty, read-only tmpfs masking a directory
+# The network allowlist's proxy inside the sandbox: a listener that stage 2 makes on
+# 127.0.0.1 in the private namespace and hands to the front end (see netproxy.py). The
+# namespace is new and empty, so the port is always free when stage 2 binds it.
+PROXY_PORT = 3128
+PROXY_HOST = "127.0.0.1"
 
 
 # Records are namedtuples, not dataclasses: every tool call imports this module, and
 # dataclasses (with the inspect module it pulls in) costs milliseconds at start-up.
 
 class Request(namedtuple("Request", "argv workdir preserve_fds ro_binds binds share_net setenv host_env "
-                         "exe_path exe_fd", defaults=((), (), (), False, (), (), None, None))):
-    """What one call asks for, on top of the profile. ``exe_fd`` is a verified executable."""
+                         "exe_path exe_fd allow_hosts", defaults=((), (), (), False, (), (), None, None, ()))):
+    """What one call asks for, on top of the profile. ``exe_fd`` is a verified executable;
+    ``allow_hosts``: HOST[:PORT] entries added to the profile's network allowlist."""
 
     __slots__ = ()
 
@@ -60,22 +66,25 @@ class Mount(namedtuple("Mount", "op path source grant optional identity idmap",
 
 class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_helper "
                             "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path "
-                            "stage2_identity run_as",
-                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None))):
+                            "stage2_identity run_as network_allow",
+                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None, ()))):
     """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
     ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None;
     ``run_as``: for a root caller, the command's uid inside; bwrap then runs as an
-    unprivileged host uid of the process's own (rootcaller.py). None for anyone else."""
+    unprivileged host uid of the process's own (rootcaller.py). None for anyone else.
+    ``network_allow``: the allowlist's rules (netproxy.AllowRule); when not empty, the
+    private network namespace's one way out is sbx's proxy, reached at 127.0.0.1:PROXY_PORT."""
 
     __slots__ = ()
 
-    def stage2_config(self, status_fd: int, seccomp_fd: int | None) -> Stage2Config:
+    def stage2_config(self, status_fd: int, seccomp_fd: int | None, proxy_channel_fd: int | None = None) -> Stage2Config:
         """Stage 2's configuration: this plan plus the descriptors made at launch.
         Raises ValueError for what stage 2 cannot be given (a NUL byte, ...)."""
         return Stage2Config(status_fd=status_fd, argv=self.argv, env=tuple(self.env.items()), cwd=self.workdir,
                             search_path=self.search_path,
                             rlimits=tuple((RLIMIT_NUMBERS[n], s, h) for n, s, h in self.rlimits),
-                            landlock=self.landlock, seccomp_fd=seccomp_fd, exe_fd=self.exe_fd)
+                            landlock=self.landlock, seccomp_fd=seccomp_fd, exe_fd=self.exe_fd,
+                            proxy_listen=(proxy_channel_fd, PROXY_PORT) if proxy_channel_fd is not None else None)
 
     def describe(self) -> str:
         """The human-readable plan printed by ``sbx run --dry-run``."""
@@ -124,6 +133,12 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
         else:
             if self.share_net:
                 out.append("network: shared with the host")
+            elif self.network_allow:
+                out.append(f"network: allowlist through sbx's proxy at {PROXY_HOST}:{PROXY_PORT} (HTTP CONNECT, "
+                           "plain HTTP, SOCKS5 with names resolved by the proxy); allowed: "
+                           + ", ".join(map(str, self.network_allow)))
+                out.append("  everything else stays inside the private namespace: loopback works, nothing else "
+                           "leaves; names are resolved on the host only after they are allowed")
             elif self.seccomp is None or self.seccomp.sockets == "loopback":
                 out.append("network: loopback only (a private network namespace whose only interface is lo: "
                            "nothing leaves it)")
@@ -151,6 +166,7 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     fs_workdir = profile.table("filesystem")["workdir"]
     start_dir = workdir.real if fs_workdir != "none" else "/"  # with no workdir shown, start at /
     share_net = request.share_net or not profile.table("namespaces")["net"]
+    network_allow = _allowlist(profile, request, tier, share_net)
     mounts = _mounts(profile, request, host, workdir)
     if profile.table("namespaces")["uts"] and not share_net:
         # The sandbox's hostname resolves: its own /etc/hosts, not the host's.
@@ -172,9 +188,11 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
             raise UsageError(f"--preserve-fd {fd}: no descriptor can have that number",
                              "pass the number of a descriptor that is open in the caller")
     loopback = profile.table("network")["loopback"]
-    landlock = _landlock(profile, mounts, landlock_abi, share_net or loopback) if tier.uses_landlock else None
-    seccomp = spec_from_profile(profile.table("seccomp"), share_net, loopback) if tier.uses_seccomp else None
-    env = _environment(profile, request)
+    landlock = (_landlock(profile, mounts, landlock_abi, share_net or loopback or bool(network_allow))
+                if tier.uses_landlock else None)
+    seccomp = (spec_from_profile(profile.table("seccomp"), share_net, loopback, proxy=bool(network_allow))
+               if tier.uses_seccomp else None)
+    env = _environment(profile, request, proxied=bool(network_allow))
     if not host.stage2_helper:
         raise HostError("sbx's stage 2 helper (sbx-stage2) is missing from its installation",
                         "reinstall sbx (pip install builds it; it needs a C compiler: apt-get install gcc libc6-dev)")
@@ -186,7 +204,31 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
                       landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
                       exe_path=request.exe_path, stage2_identity=_identity(host, host.stage2_helper),
-                      run_as=run_as)
+                      run_as=run_as, network_allow=network_allow)
+
+
+def _allowlist(profile: Profile, request: Request, tier: Tier, share_net: bool) -> tuple:
+    """The network allowlist's rules: the profile's ``[network] allow`` then ``allow_hosts``."""
+    from_profile = profile.table("network")["allow"]
+    if not from_profile and not request.allow_hosts:
+        return ()
+    from .netproxy import parse_allow  # asyncio and json: only runs that use the proxy pay for them
+
+    rules = []
+    for entry in from_profile:
+        try:
+            rules.append(parse_allow(entry))
+        except UsageError as exc:
+            raise ProfileError(f"profile {profile.name}: [network] allow: {exc.message}", exc.remedy) from None
+    rules += [parse_allow(entry) for entry in request.allow_hosts]
+    if share_net:
+        raise UsageError("a network allowlist needs the sandbox's private network namespace, but the host "
+                         "network is shared (--share-net or [namespaces] net = false): every host would be reachable",
+                         "drop --share-net (or set [namespaces] net = true) to reach only the allowed hosts")
+    if not tier.uses_bwrap:
+        raise UsageError(f"a network allowlist needs a private network namespace, which tier {tier.name} does not have",
+                         "run where user namespaces work (sbx doctor), or drop the allowlist")
+    return tuple(dict.fromkeys(rules))
 
 
 def canonical(path: str) -> str:
@@ -412,12 +454,28 @@ def _landlock(profile: Profile, mounts: list[Mount], abi: int, tcp_allowed: bool
                         file_rights=ll.file_rights(abi), rules=tuple(rules))
 
 
-def _environment(profile: Profile, request: Request) -> dict[str, str]:
+def proxy_environment() -> dict[str, str]:
+    """What points clients at the proxy inside: the usual variables in both cases, and the
+    ones pip, npm, git, cargo and Node read. ``ALL_PROXY`` is socks5h (names resolved by
+    the proxy). --setenv and the profile's ``set`` can still override any of them."""
+    http = f"http://{PROXY_HOST}:{PROXY_PORT}"
+    env = {}
+    for name, value in (("HTTP_PROXY", http), ("HTTPS_PROXY", http), ("ALL_PROXY", f"socks5h://{PROXY_HOST}:{PROXY_PORT}"),
+                        ("NO_PROXY", "localhost,127.0.0.1,::1")):
+        env[name] = env[name.lower()] = value
+    env.update({"PIP_PROXY": http, "npm_config_proxy": http, "npm_config_https_proxy": http,
+                "CARGO_HTTP_PROXY": http, "NODE_USE_ENV_PROXY": "1"})
+    return env
+
+
+def _environment(profile: Profile, request: Request, proxied: bool = False) -> dict[str, str]:
     table = profile.table("environment")
     env: dict[str, str] = {}
     for name, value in request.host_env:
         if any(glob_match(name, pattern) for pattern in table["keep"]):
             env[name] = value
+    if proxied:
+        env.update(proxy_environment())
     env.update(table["set"])
     for name, value in request.setenv:
         if not name or "=" in name:

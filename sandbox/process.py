@@ -12,7 +12,7 @@ import subprocess
 
 from . import lifetime
 from .errors import SandboxError, SetupError
-from .launch import PreparedLaunch, SandboxStatus, kill_sandbox_tree, open_pidfd, prepare, signal_command
+from .launch import PreparedLaunch, kill_sandbox_tree, open_pidfd, prepare, signal_command
 from .plan import LaunchPlan
 from .tiers import Tier
 
@@ -45,7 +45,7 @@ class SandboxProcess(subprocess.Popen):
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan, timeout: float | None = None,
                  **popen_kwargs) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+        self._status = prepared.status(plan.bwrap_args is not None)
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self._translated = False
@@ -63,7 +63,12 @@ class SandboxProcess(subprocess.Popen):
         finally:
             prepared.close_parent_copies()
         self._pidfd = open_pidfd(self.pid)
-        self._status.release_once_started()  # a root caller's staging mounts: gone once bwrap has them
+        try:
+            self._status.after_start()  # staging mounts gone once bwrap has them; the bridge served
+        except SandboxError:
+            self.kill_sandbox()
+            self.wait()
+            raise
         if timeout is not None:
             self._deadline = lifetime.kill_at_deadline(self, timeout)
 
@@ -122,10 +127,10 @@ class SandboxProcess(subprocess.Popen):
 
 
 def launch(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None, timeout: float | None = None,
-           **popen_kwargs) -> SandboxProcess:
+           network_hooks: tuple = (None, None), **popen_kwargs) -> SandboxProcess:
     """Start ``plan``, killed after ``timeout`` seconds. Popen keyword arguments (stdio,
-    text, ...) pass through."""
-    prepared = prepare(plan, bwrap_path, bpf)
+    text, ...) pass through; ``network_hooks`` is (on_event, resolver) for an allowlist."""
+    prepared = prepare(plan, bwrap_path, bpf, network_hooks)
     try:
         return SandboxProcess(prepared, plan, timeout, **popen_kwargs)
     except OSError as exc:

@@ -63,7 +63,7 @@ SCHEMA: dict[str | None, dict[str, tuple]] = {
                 "cpu": _limit_at_least(1, "seconds"),
                 "fsize": _LIMIT},
     "run": {"timeout": _TIMEOUT, "exe_max_mib": _MIB},
-    "network": {"loopback": _BOOL},
+    "network": {"loopback": _BOOL, "allow": _STRS},
 }
 
 DEFAULTS: dict[str, object] = {
@@ -78,7 +78,7 @@ DEFAULTS: dict[str, object] = {
     "landlock": {"deny_tcp": True, "scope_signals": True, "scope_abstract_unix": True},
     "rlimits": {"core": 0},
     "run": {"timeout": 0, "exe_max_mib": 256},
-    "network": {"loopback": True},
+    "network": {"loopback": True, "allow": []},
 }
 
 

@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 6
+RULES_VERSION = 7
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -50,7 +50,7 @@ AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 LOOPBACK_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 LOOPBACK_FAMILY_LIMIT = AF_NETLINK  # families above it are refused by one GT rule
 NETLINK_ROUTE = 0
-SOCK_RAW, SOCK_PACKET = 3, 10  # the low 4 bits of socket()'s type; SOCK_NONBLOCK/CLOEXEC sit above
+SOCK_DGRAM, SOCK_RAW, SOCK_PACKET = 2, 3, 10  # the low 4 bits of socket()'s type; SOCK_NONBLOCK/CLOEXEC sit above
 
 # What ordinary programs need: shells, coreutils, Python, git, compilers.
 STRICT_ALLOWED: tuple[str, ...] = tuple(sorted(set("""
@@ -103,7 +103,9 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
     mode "allowlist": unlisted calls get ENOSYS; "denylist": unlisted calls are allowed.
     sockets: "all" (the host network is shared), "loopback" (a private network namespace
     with only lo: unix, inet and inet6 sockets, netlink for routing only, no raw or packet
-    sockets) or "unix" (AF_UNIX only).
+    sockets), "proxy" (the same namespace with the allowlist proxy's listener in it: as
+    loopback, but no new AF_UNIX sockets and no datagram sockets; only TCP leaves, through
+    the proxy) or "unix" (AF_UNIX only).
     """
 
     __slots__ = ()
@@ -128,12 +130,16 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         elif self.sockets == "loopback":
             lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
                          "sockets and other families EPERM; socketpair: AF_UNIX only")
+        elif self.sockets == "proxy":
+            lines.append("socket: AF_INET and AF_INET6 stream sockets, and AF_NETLINK for NETLINK_ROUTE only; new "
+                         "AF_UNIX sockets, datagram (UDP), raw and packet sockets and other families EPERM; "
+                         "socketpair: AF_UNIX only")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
 
 
-def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True) -> SeccompSpec:
+def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True, proxy: bool = False) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
     denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
@@ -141,7 +147,7 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
         allowed = tuple(sorted((set(STRICT_ALLOWED) | extra_allow) - set(denied) - set(ENOSYS_ALWAYS)))
-    sockets = "all" if share_net else ("loopback" if loopback else "unix")
+    sockets = "all" if share_net else ("proxy" if proxy else "loopback" if loopback else "unix")
     return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets)
 
 
@@ -275,7 +281,7 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "socketpair", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
-    elif spec.sockets == "loopback":
+    elif spec.sockets in ("loopback", "proxy"):
         # Only lo exists in the namespace, so inet sockets reach nothing outside it. Every
         # other family is refused (one rule each: libseccomp has no "not in"), netlink is
         # kept to routing (getifaddrs, if_nameindex), and no raw or packet sockets.
@@ -286,9 +292,13 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "socket", sc.Arg(0, sc.EQ, AF_NETLINK), sc.Arg(2, sc.NE, NETLINK_ROUTE),
             from_profile=False)
         for family in (AF_INET, AF_INET6):
-            for kind in (SOCK_RAW, SOCK_PACKET):
+            for kind in (SOCK_RAW, SOCK_PACKET) + ((SOCK_DGRAM,) if spec.sockets == "proxy" else ()):
                 add(guard, eperm, "socket", sc.Arg(0, sc.EQ, family), sc.Arg(1, sc.MASKED_EQ, 0xF, kind),
                     from_profile=False)
+        if spec.sockets == "proxy":
+            # The proxy's listener is the one way out; no new unix socket may look for another
+            # (a socket file bind-mounted in, or the host's abstract namespace on other tiers).
+            add(guard, eperm, "socket", sc.Arg(0, sc.EQ, AF_UNIX), from_profile=False)
     # The guard goes first: the allowlist program, once loaded, refuses seccomp() itself.
     return frame_programs([_export(guard), _export(main)])
 

@@ -94,6 +94,7 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
     strict = Sandbox("strict", workdir)
     standard = Sandbox("standard", workdir)
     seccomp_only = Sandbox("strict", workdir, tier="KernelSeccompOnly", allow_degraded=True)
+    proxied = Sandbox("strict", workdir, allow_hosts=["pypi.org"])
     cli = [*sbx_cli(), "run", "--profile", "strict", "--workdir", workdir, "--", "true"]
     rows = {
         "1 bare true": run(["true"]),
@@ -102,6 +103,7 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
         "4 Sandbox.run(['true']) warm, strict": quiet(strict, ["true"]),
         "5a Sandbox.run(['true']) warm, standard": quiet(standard, ["true"]),
         "5b Sandbox.run(['true']) warm, strict at KernelSeccompOnly": quiet(seccomp_only, ["true"]),
+        "5c Sandbox.run(['true']) warm, strict with a network allowlist (the proxy mode)": quiet(proxied, ["true"]),
         "p python -I -S -c pass (interpreter start)": run([sys.executable, "-I", "-S", "-c", "pass"]),
         "p python -I -c pass (front end interpreter start, with the venv's site)": run(
             [sys.executable, "-I", "-c", "pass"], cwd="/"),
@@ -140,6 +142,81 @@ def in_process_phases(workdir: str, rounds: int) -> dict[str, float]:
             "BPF from the cache (compiled_bpf)": statistics.median(bpf_t) * 1000,
             "descriptors: memfds, pipe, config (prepare)": statistics.median(prep_t) * 1000,
             "stage 2 helper size, bytes": os.path.getsize(sb.plan(["true"]).stage2_helper)}
+
+
+PROXY_CLIENT = r"""
+import json, socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def connection():
+    if mode == "direct":
+        return socket.create_connection((host, port))
+    s = socket.create_connection(("127.0.0.1", 3128))
+    s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(4096)
+    assert b" 200 " in head.split(b"\r\n")[0], head
+    return s
+start = time.perf_counter()
+for _ in range(50):
+    s = connection(); s.sendall(b"ping\n"); assert s.recv(5) == b"pong\n"; s.close()
+latency = (time.perf_counter() - start) / 50
+size = 256 << 20
+s = connection(); s.sendall(f"bytes {size}\n".encode())
+start, got = time.perf_counter(), 0
+while got < size:
+    chunk = s.recv(1 << 20)
+    if not chunk:
+        break
+    got += len(chunk)
+seconds = time.perf_counter() - start
+print(json.dumps({"latency_ms": latency * 1000, "mb_per_s": got / seconds / 1e6}))
+"""
+
+
+def proxy_measurements(workdir: str, rounds: int = 3) -> dict[str, float]:
+    """The allowlist's proxy against a direct connection on the host: per-connection latency
+    (connect, CONNECT, one exchange) and the throughput of one 256 MB download; medians."""
+    import socketserver
+    import threading
+
+    class Serve(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while line := self.rfile.readline():
+                if line == b"ping\n":
+                    self.wfile.write(b"pong\n")
+                    self.wfile.flush()
+                elif line.startswith(b"bytes "):
+                    left, block = int(line.split()[1]), bytes(1 << 20)
+                    while left > 0:
+                        self.wfile.write(block[:left])
+                        left -= len(block)
+                    return
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Serve)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    async def resolver(host: str, _port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    python = os.path.realpath(sys.executable)
+    boxed = Sandbox("strict", workdir, allow_hosts=[f"bench.test:{port}"], network_resolver=resolver)
+    out: dict[str, list[float]] = {}
+    try:
+        for _ in range(rounds):
+            direct = subprocess.run([python, "-I", "-S", "-c", PROXY_CLIENT, "direct", "127.0.0.1", str(port)],
+                                    capture_output=True, text=True, check=True)
+            proxied = boxed.run([python, "-I", "-S", "-c", PROXY_CLIENT, "proxy", "bench.test", str(port)],
+                                capture_output=True, text=True)
+            for label, done in (("direct", direct), ("proxy", proxied)):
+                seen = json.loads(done.stdout)
+                out.setdefault(f"{label} latency ms", []).append(seen["latency_ms"])
+                out.setdefault(f"{label} MB/s", []).append(seen["mb_per_s"])
+    finally:
+        server.shutdown()
+    return {k: round(statistics.median(v), 2) for k, v in out.items()}
 
 
 def spawn_async_throughput(workdir: str, total: int = 200, concurrency: int = 16) -> float:
@@ -189,6 +266,7 @@ def main() -> int:
                     samples[name].append(t)
         phases = in_process_phases(workdir, rounds)
         throughput = spawn_async_throughput(workdir)
+        proxy = proxy_measurements(workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     base = statistics.median(samples["2 bare bwrap (strict's namespaces and mounts)"])
@@ -206,7 +284,7 @@ def main() -> int:
         heavy_ratios[s["row"]] = round(s["median_ms"] / b["median_ms"], 3)
     report = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release, "python": sys.version.split()[0]},
               "rows": table, "heavy_ratio_to_bare": heavy_ratios, "in_process_ms": phases,
-              "spawn_async_per_second": round(throughput, 1), "notes": notes}
+              "spawn_async_per_second": round(throughput, 1), "proxy": proxy, "notes": notes}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -217,6 +295,9 @@ def main() -> int:
     for name, ratio in heavy_ratios.items():
         print(f"  {name}: {ratio:.3f}x")
     print(f"\nspawn_async throughput of true (16 at a time): {throughput:.0f} per second")
+    print("\nnetwork allowlist proxy against a direct connection (medians):")
+    for name, value in proxy.items():
+        print(f"  {name}: {value:.2f}")
     print("\nin-process phases (median ms):")
     for name, value in phases.items():
         print(f"  {name}: {value:.3f}")
