@@ -123,7 +123,7 @@ async def spawn_async(sandbox, argv, *, preserve_fds=(), env=None, exe_sha256=No
     except asyncio.CancelledError:
         preparation.add_done_callback(_discard)
         raise
-    status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+    status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged, prepared.private_tmp)
     try:
         # If this is cancelled after the fork, asyncio closes the transport: it kills bwrap,
         # and with it (--die-with-parent, the pid namespace) the whole sandbox.

@@ -38,10 +38,12 @@ class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
     def __init__(self, argv: list[str], pass_fds: tuple[int, ...], status_read: int,
-                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str]) -> None:
+                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str],
+                 private_tmp: str | None = None) -> None:
         self.argv, self.pass_fds = argv, pass_fds
         self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
         self.staged = staged  # idmapped mounts to release when the sandbox ends (rootcaller.py)
+        self.private_tmp = private_tmp  # KernelNoNamespaces: removed when the sandbox ends (private_tmp.py)
 
     def close_parent_copies(self) -> None:
         """Once the child is started (or failed to): close our descriptors, and set back the
@@ -64,6 +66,11 @@ class PreparedLaunch:
         except OSError:
             pass
         release_staged(self.staged)
+        if self.private_tmp is not None:
+            from .private_tmp import remove
+
+            remove(self.private_tmp)
+            self.private_tmp = None
 
 
 def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> PreparedLaunch:
@@ -80,7 +87,13 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         raise PreservedFdError(str(exc), exc.fd, exc.errno) from None
     owned: list[int] = []
     staged: list[str] = []
+    private_tmp = None
     try:
+        if plan.bwrap_args is None and plan.landlock is not None:
+            from .private_tmp import create, substitute
+
+            private_tmp = create()  # the tmpfs entries of a tier without mounts
+            plan = substitute(plan, private_tmp)
         status_read, status_write = os.pipe()  # both close-on-exec
         owned.append(status_write)
         os.set_blocking(status_read, False)
@@ -94,6 +107,10 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         stage2_argv = [plan.stage2_helper, str(config_fd), ",".join(str(fd) for fd in plan.preserved_fds)]
         if plan.bwrap_args is None:
             argv = stage2_argv
+            if plan.drop_caps:
+                from .rootcaller import capability_drop_prefix
+
+                argv = [*capability_drop_prefix(), *argv]
         else:
             bwrap_args = pin_bind_sources(plan, owned, staged)
             # bwrap takes options from --args but the command only from its own argv.
@@ -110,6 +127,10 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         if "status_read" in locals():
             os.close(status_read)
         release_staged(staged)
+        if private_tmp is not None:
+            from .private_tmp import remove
+
+            remove(private_tmp)
         restore_cloexec(cleared)
         if isinstance(exc, SandboxError):
             raise
@@ -119,7 +140,8 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None) -> Prep
         raise SetupError(f"could not prepare the launch descriptors: {exc.strerror}",
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
-                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged)
+                          status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged,
+                          private_tmp=private_tmp)
 
 
 def bare_argv(prepared: PreparedLaunch, bwrap_path: str, command: list[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -195,10 +217,12 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> l
 class SandboxStatus:
     """Reads stage 2's status records and turns a raw exit status into sbx's table."""
 
-    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None) -> None:
+    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None,
+                 private_tmp: str | None = None) -> None:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
         self._staged = staged if staged is not None else []
+        self._private_tmp = private_tmp
         # The library's handles may be waited for on an event loop's thread: unmount there
         # in the background. The CLI (DirectProcess) releases in line before it exits.
         self.release_in_background = True
@@ -246,6 +270,12 @@ class SandboxStatus:
             os.close(self._fd)
             self._fd = None
         release_staged(self._staged, self.release_in_background)
+        if self._private_tmp is not None:
+            from .private_tmp import remove
+
+            # The sandbox has ended (or never started): nothing sbx started writes there now.
+            remove(self._private_tmp)
+            self._private_tmp = None
 
     def translate(self, raw: int, killed_by_us: bool, timed_out: bool = False) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""
@@ -298,7 +328,8 @@ class DirectProcess:
     """
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged,
+                                     prepared.private_tmp)
         self._status.release_in_background = False
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False

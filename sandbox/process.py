@@ -45,7 +45,8 @@ class SandboxProcess(subprocess.Popen):
 
     def __init__(self, prepared: PreparedLaunch, plan: LaunchPlan, timeout: float | None = None,
                  **popen_kwargs) -> None:
-        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged)
+        self._status = SandboxStatus(prepared.status_read, plan.bwrap_args is not None, prepared.staged,
+                                     prepared.private_tmp)
         self._uses_bwrap = plan.bwrap_args is not None
         self._killed_by_us = False
         self._translated = False

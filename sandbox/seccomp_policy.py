@@ -103,7 +103,7 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
     mode "allowlist": unlisted calls get ENOSYS; "denylist": unlisted calls are allowed.
     sockets: "all" (the host network is shared), "loopback" (a private network namespace
     with only lo: unix, inet and inet6 sockets, netlink for routing only, no raw or packet
-    sockets) or "unix" (AF_UNIX only).
+    sockets), "unix" (AF_UNIX only) or "none" (no socket(); socketpair AF_UNIX only).
     """
 
     __slots__ = ()
@@ -125,6 +125,8 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         ]
         if self.sockets == "unix":
             lines.append("socket: AF_UNIX only (other families EPERM)")
+        elif self.sockets == "none":
+            lines.append("socket: every family EPERM (no network namespace); socketpair: AF_UNIX only")
         elif self.sockets == "loopback":
             lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
                          "sockets and other families EPERM; socketpair: AF_UNIX only")
@@ -133,7 +135,7 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         return lines
 
 
-def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True) -> SeccompSpec:
+def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True, namespaces: bool = True) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
     denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
@@ -141,7 +143,9 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
         allowed = tuple(sorted((set(STRICT_ALLOWED) | extra_allow) - set(denied) - set(ENOSYS_ALWAYS)))
-    sockets = "all" if share_net else ("loopback" if loopback else "unix")
+    # Without a network namespace (KernelNoNamespaces) loopback would be the host's, and
+    # Landlock does not mediate connecting to a host daemon's unix socket: no socket() at all.
+    sockets = "all" if share_net else ("none" if not namespaces else ("loopback" if loopback else "unix"))
     return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets)
 
 
@@ -275,6 +279,8 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "socketpair", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
+    elif spec.sockets == "none":
+        add(guard, eperm, "socket", from_profile=False)
     elif spec.sockets == "loopback":
         # Only lo exists in the namespace, so inet sockets reach nothing outside it. Every
         # other family is refused (one rule each: libseccomp has no "not in"), netlink is
