@@ -14,7 +14,7 @@ from . import arguments, hostview, probes
 from .errors import HostError, ProfileError, UsageError, WorkdirError
 from .integrity import protected_paths
 from .launch import DirectProcess, prepare
-from .plan import LaunchPlan, Request, build_plan, paths_to_observe
+from .plan import LaunchPlan, Request, build_plan, dirs_to_list, paths_to_observe
 from .profile import Profile, load_profile, locate_value
 from .seccomp_policy import compiled_bpf, spec_from_profile
 from .tiers import Tier
@@ -59,14 +59,17 @@ class Sandbox:
         self.timeout = timeout if timeout is not None else (self.profile.timeout or None)
         mib = arguments.mib(exe_max_mib, "exe_max_mib") if exe_max_mib is not None else self.profile.data["run"]["exe_max_mib"]
         self.exe_max_bytes = mib << 20  # the largest file --exe-sha256 reads
-        self._host = hostview.observe(paths_to_observe(self.profile, self._request(("true",))),
-                                      protected_paths(self.profile.sources, self.capabilities.bwrap_path))
+        probe_request = self._request(("true",))
+        self._host = hostview.observe(paths_to_observe(self.profile, probe_request),
+                                      protected_paths(self.profile.sources, self.capabilities.bwrap_path),
+                                      dirs_to_list(self.profile, probe_request) if self.tier == Tier.KernelNoNamespaces
+                                      else ())
         network = self.profile.table("network")
         try:
             # The same spec every call's plan carries (plan.build_plan): it depends only on the
             # profile, the tier and the network settings, all fixed here.
             self._bpf = (compiled_bpf(spec_from_profile(self.profile.table("seccomp"), self._effective_share_net(),
-                                                        network["loopback"],
+                                                        network["loopback"], self.tier.uses_namespaces,
                                                         proxy=bool(network["allow"] or self._allow_hosts)))
                          if self.tier.uses_seccomp else None)
         except ProfileError as exc:  # an unknown syscall name: say where the profile names it

@@ -70,7 +70,7 @@ COMMANDS: dict[str, tuple[str, str, list[Option]]] = {
         Option("--net-log", "value", "write every allow/deny decision of the proxy to FILE as JSON lines", "FILE"),
         Option("--setenv", "append", "set a variable inside (repeatable)", "NAME=VALUE", convert=_setenv),
         Option("--timeout", "value", "kill the whole sandbox after this long (exit 124)", "SECONDS", convert=_seconds),
-        Option("--tier", "value", "force a lower tier: KernelFull, KernelSeccompOnly or EnvironmentOnly", "NAME"),
+        Option("--tier", "value", "force a lower tier: KernelFull, KernelSeccompOnly, KernelNoNamespaces or EnvironmentOnly", "NAME"),
         Option("--allow-degraded", "flag", "run below the profile's floor tier (with a warning)"),
         Option("--preserve-fd", "append", "pass descriptor N through with the same number (repeatable)", "N",
                convert=_fd_number),
@@ -318,7 +318,7 @@ def cmd_doctor(args: Arguments) -> int:
     from . import probes
     from .hostview import observe
     from .integrity import protected_paths
-    from .plan import Request, build_plan, paths_to_observe
+    from .plan import Request, build_plan, dirs_to_list, paths_to_observe
     from .profile import load_profile
 
     caps = probes.host_capabilities(refresh=True)
@@ -327,7 +327,8 @@ def cmd_doctor(args: Arguments) -> int:
     layers: list[str] = []
     try:
         request = Request(argv=("true",), workdir=os.getcwd())
-        host = observe(paths_to_observe(profile, request), protected_paths(profile.sources, caps.bwrap_path))
+        host = observe(paths_to_observe(profile, request), protected_paths(profile.sources, caps.bwrap_path),
+                       dirs_to_list(profile, request) if tier == probes.Tier.KernelNoNamespaces else ())
         layers = build_plan(profile, tier, request, host, caps.landlock_abi,
                             caps.bwrap_features).describe().splitlines()
     except SandboxError as exc:
@@ -338,7 +339,12 @@ def cmd_doctor(args: Arguments) -> int:
     if args.json:
         import json
 
-        print(json.dumps({"tier": tier.name, "landlock_abi": caps.landlock_abi,
+        limits = []
+        if tier == probes.Tier.KernelNoNamespaces:
+            from .tiers import NO_NAMESPACES_LIMITS, NO_SIGNAL_SCOPE
+
+            limits = [*NO_NAMESPACES_LIMITS, *((NO_SIGNAL_SCOPE,) if caps.landlock_abi < 6 else ())]
+        print(json.dumps({"tier": tier.name, "landlock_abi": caps.landlock_abi, "tier_lacks": limits,
                           "checks": [c._asdict() for c in checks],
                           "bwrap": {"path": caps.bwrap_path, "version": caps.bwrap_version,
                                     "features": sorted(caps.bwrap_features)},
@@ -350,6 +356,16 @@ def cmd_doctor(args: Arguments) -> int:
         if not check.ok and check.remedy:
             print(f"     {'':<{width}}  remedy: {check.remedy}")
     print(f"\ntier: {tier.name}")
+    if tier == probes.Tier.KernelNoNamespaces:
+        from .tiers import NO_NAMESPACES_LIMITS, NO_SIGNAL_SCOPE
+
+        print("  bwrap cannot create namespaces here, so sbx enforces Landlock and seccomp without them. "
+              "What this tier lacks:")
+        for limit in (*NO_NAMESPACES_LIMITS, *((NO_SIGNAL_SCOPE,) if caps.landlock_abi < 6 else ())):
+            print(f"  - {limit}")
+        failed = next((c for c in caps.checks if c.name == "bwrap-userns" and not c.ok), None)
+        if failed is not None and failed.remedy:
+            print(f"  for every layer (KernelFull): {failed.remedy}")
     print(f"\nlayers of profile {profile.name!r} at {tier.name}:")
     for line in layers:
         print(f"  {line}")

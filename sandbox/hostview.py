@@ -38,9 +38,13 @@ class Protected(namedtuple("Protected", "label path chain exists tree", defaults
     __slots__ = ()
 
 
-class HostView(namedtuple("HostView", "paths stage2_helper uid gid protected", defaults=("", 0, 0, ()))):
+class HostView(namedtuple("HostView", "paths stage2_helper uid gid protected listings",
+                          defaults=("", 0, 0, (), {}))):
     """The host facts planning needs: every path it asks about, where the stage 2 helper
-    is ("" when missing), ids, and the paths no writable bind may overlap."""
+    is ("" when missing), ids, the paths no writable bind may overlap, and (for
+    KernelNoNamespaces, see landlock_view.py) directory listings: path -> ((name, kind), ...)
+    with kind dir, file, symlink or other, never following a link; a directory that could
+    not be listed is absent."""
 
     __slots__ = ()
 
@@ -98,11 +102,39 @@ def protect(label: str, path: str, tree: bool = True) -> Protected:
     return Protected(label, real, identity_chain(real), os.path.lexists(real), tree)
 
 
-def observe(paths, protected=()) -> HostView:
+def observe(paths, protected=(), listing_dirs=()) -> HostView:
     helper = stage2_helper_path()
     seen = {p: inspect_path(p) for p in dict.fromkeys([*paths, helper])}
+    listings = {}
+    for directory in listing_dirs:
+        entries = list_directory(directory)
+        if entries is not None:
+            listings[directory] = entries
     return HostView(paths=seen, stage2_helper=helper if os.access(helper, os.X_OK) else "",
-                    uid=os.getuid(), gid=os.getgid(), protected=tuple(protected))
+                    uid=os.getuid(), gid=os.getgid(), protected=tuple(protected), listings=listings)
+
+
+def list_directory(path: str) -> tuple[tuple[str, str], ...] | None:
+    """(name, kind) of each entry of ``path``, links not followed; None when it cannot be
+    listed or is not a directory reached without a symlink (then nothing beneath is granted)."""
+    try:
+        if os.path.realpath(path) != os.path.normpath(path):
+            return None
+        out = []
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.is_symlink():
+                    kind = "symlink"
+                elif entry.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                elif entry.is_file(follow_symlinks=False):
+                    kind = "file"
+                else:
+                    kind = "other"
+                out.append((entry.name, kind))
+        return tuple(sorted(out))
+    except (OSError, ValueError):
+        return None
 
 
 def stage2_helper_path() -> str:

@@ -38,15 +38,18 @@ class PreparedLaunch:
     """The argv and descriptors of one launch; ``owned_fds`` are ours to close once the child has them."""
 
     def __init__(self, argv: list[str], pass_fds: tuple[int, ...], status_read: int,
-                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str], bridge=None) -> None:
+                 owned_fds: list[int], cleared_cloexec: list[int], staged: list[str], bridge=None,
+                 private_tmp: str | None = None) -> None:
         self.argv, self.pass_fds = argv, pass_fds
         self.status_read, self.owned_fds, self.cleared_cloexec = status_read, owned_fds, cleared_cloexec
         self.staged = staged  # idmapped mounts to release when the sandbox ends (rootcaller.py)
         self.bridge = bridge  # the network allowlist's NetworkBridge (netbridge.py), or None
+        self.private_tmp = private_tmp  # KernelNoNamespaces: removed when the sandbox ends (private_tmp.py)
 
     def status(self, uses_bwrap: bool) -> SandboxStatus:
-        """The status channel of this launch, which also owns its staging mounts and bridge."""
-        return SandboxStatus(self.status_read, uses_bwrap, self.staged, self.bridge)
+        """The status channel of this launch, which also owns its staging mounts, bridge and
+        private temp directory."""
+        return SandboxStatus(self.status_read, uses_bwrap, self.staged, self.bridge, self.private_tmp)
 
     def close_parent_copies(self) -> None:
         """Once the child is started (or failed to): close our descriptors, and set back the
@@ -71,6 +74,11 @@ class PreparedLaunch:
         release_staged(self.staged)
         if self.bridge is not None:
             self.bridge.close()
+        if self.private_tmp is not None:
+            from .private_tmp import remove
+
+            remove(self.private_tmp)
+            self.private_tmp = None
 
 
 def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
@@ -90,7 +98,13 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
     owned: list[int] = []
     staged: list[str] = []
     bridge = None
+    private_tmp = None
     try:
+        if plan.bwrap_args is None and plan.landlock is not None:
+            from .private_tmp import create, substitute
+
+            private_tmp = create()  # the tmpfs entries of a tier without mounts
+            plan = substitute(plan, private_tmp)
         status_read, status_write = os.pipe()  # both close-on-exec
         owned.append(status_write)
         os.set_blocking(status_read, False)
@@ -110,6 +124,10 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
         stage2_argv = [plan.stage2_helper, str(config_fd), ",".join(str(fd) for fd in plan.preserved_fds)]
         if plan.bwrap_args is None:
             argv = stage2_argv
+            if plan.drop_caps:
+                from .rootcaller import capability_drop_prefix
+
+                argv = [*capability_drop_prefix(), *argv]
         else:
             bwrap_args = pin_bind_sources(plan, owned, staged)
             # bwrap takes options from --args but the command only from its own argv.
@@ -128,6 +146,10 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
         release_staged(staged)
         if bridge is not None:
             bridge.close()
+        if private_tmp is not None:
+            from .private_tmp import remove
+
+            remove(private_tmp)
         restore_cloexec(cleared)
         if isinstance(exc, SandboxError):
             raise
@@ -138,7 +160,7 @@ def prepare(plan: LaunchPlan, bwrap_path: str | None, bpf: bytes | None,
                          "check the descriptor limit (ulimit -n)") from None
     return PreparedLaunch(argv=argv, pass_fds=tuple(sorted({*plan.preserved_fds, *owned})),
                           status_read=status_read, owned_fds=owned, cleared_cloexec=cleared, staged=staged,
-                          bridge=bridge)
+                          bridge=bridge, private_tmp=private_tmp)
 
 
 def bare_argv(prepared: PreparedLaunch, bwrap_path: str, command: list[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -214,11 +236,13 @@ def pin_bind_sources(plan: LaunchPlan, owned: list[int], staged: list[str]) -> l
 class SandboxStatus:
     """Reads stage 2's status records and turns a raw exit status into sbx's table."""
 
-    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None, bridge=None) -> None:
+    def __init__(self, status_read: int, uses_bwrap: bool, staged: list[str] | None = None, bridge=None,
+                 private_tmp: str | None = None) -> None:
         self._fd: int | None = status_read
         self._uses_bwrap = uses_bwrap
         self._staged = staged if staged is not None else []
         self._bridge = bridge
+        self._private_tmp = private_tmp
         # The library's handles may be waited for on an event loop's thread: unmount there
         # in the background. The CLI (DirectProcess) releases in line before it exits.
         self.release_in_background = True
@@ -283,6 +307,12 @@ class SandboxStatus:
         bridge, self._bridge = self._bridge, None
         if bridge is not None:
             bridge.close()
+        if self._private_tmp is not None:
+            from .private_tmp import remove
+
+            # The sandbox has ended (or never started): nothing sbx started writes there now.
+            remove(self._private_tmp)
+            self._private_tmp = None
 
     def translate(self, raw: int, killed_by_us: bool, timed_out: bool = False) -> int:
         """The exit status in the README's table for a child that ended with ``raw``."""

@@ -11,6 +11,7 @@ import os
 from collections import namedtuple
 
 from . import landlock_rights as ll
+from . import landlock_view
 from .errors import BindError, HostError, ProfileError, SandboxError, UsageError, WorkdirError
 from .hostview import MERGED_USR_LINKS, HostPath, HostView
 from .integrity import SYSTEM_EXACT, SYSTEM_TREES, overlaps
@@ -66,14 +67,16 @@ class Mount(namedtuple("Mount", "op path source grant optional identity idmap",
 
 class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts bwrap_args stage2_helper "
                             "preserved_fds env search_path rlimits landlock seccomp share_net exe_fd exe_path "
-                            "stage2_identity run_as network_allow",
-                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None, ()))):
+                            "stage2_identity run_as network_allow drop_caps",
+                            defaults=(DEFAULT_SEARCH_PATH, (), None, None, False, None, None, None, None, (), False))):
     """Everything a launch needs. ``bwrap_args`` is None on EnvironmentOnly (no bwrap);
     ``landlock`` is a ``LandlockSpec`` or None; ``seccomp`` a ``SeccompSpec`` or None;
     ``run_as``: for a root caller, the command's uid inside; bwrap then runs as an
     unprivileged host uid of the process's own (rootcaller.py). None for anyone else.
     ``network_allow``: the allowlist's rules (netproxy.AllowRule); when not empty, the
-    private network namespace's one way out is sbx's proxy, reached at 127.0.0.1:PROXY_PORT."""
+    private network namespace's one way out is sbx's proxy, reached at 127.0.0.1:PROXY_PORT.
+    ``drop_caps``: KernelNoNamespaces for a root caller: stage 2 starts with an empty
+    capability bounding set (no uid switch: see rootcaller.capability_drop_prefix)."""
 
     __slots__ = ()
 
@@ -92,7 +95,18 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
         out = [f"profile: {self.profile_name}", f"tier: {self.tier.name}",
                f"command: {shlex.join(self.argv)}", f"workdir: {self.workdir}",
                f"preserved fds: {', '.join(map(str, self.preserved_fds)) or 'none'} (plus 0, 1, 2)"]
-        if self.bwrap_args is None:
+        if self.bwrap_args is None and self.tier == Tier.KernelNoNamespaces:
+            out.append("bwrap: not used (KernelNoNamespaces: stage 2 runs directly; the view is Landlock grants)")
+            from .tiers import NO_NAMESPACES_LIMITS, NO_SIGNAL_SCOPE
+
+            abi = self.landlock.abi if self.landlock else 0
+            out += [f"not enforced at this tier: {limit}" for limit in
+                    (*NO_NAMESPACES_LIMITS, *((NO_SIGNAL_SCOPE,) if abi < 6 else ()))]
+            if self.drop_caps:
+                out.append("identity: you are root and this tier has no user namespace: the command runs as uid 0 "
+                           "with an empty capability bounding set (setpriv); files root owns in the granted paths "
+                           "are its own")
+        elif self.bwrap_args is None:
             out.append("bwrap: not used (EnvironmentOnly: nothing is kernel-enforced)")
         else:
             out.append("bwrap argv: bwrap " + shlex.join(self.bwrap_args)
@@ -128,7 +142,12 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
             out.append("seccomp: not enforced at this tier")
         out.append("rlimits: " + (", ".join(f"{n}={_limit(s)}" for n, s, _ in self.rlimits) or "inherited"))
         out.append("environment: " + ", ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
-        if self.bwrap_args is None:
+        if self.bwrap_args is None and self.seccomp is not None:
+            out.append("network: the host's network namespace; " + (
+                "shared (--share-net)" if self.share_net else
+                "socket() refused for every family by seccomp (socketpair AF_UNIX only), TCP bind and connect "
+                "denied by Landlock at ABI 4+"))
+        elif self.bwrap_args is None:
             out.append("network: the host's (this tier has no network namespace and no seccomp socket rule)")
         else:
             if self.share_net:
@@ -157,6 +176,13 @@ def paths_to_observe(profile: Profile, request: Request) -> list[str]:
             *request.ro_binds, *request.binds, request.workdir, "/"]
 
 
+def dirs_to_list(profile: Profile, request: Request) -> list[str]:
+    """KernelNoNamespaces: the directories whose listings a complement grant may need
+    (every ancestor of every path in the view; see landlock_view.py)."""
+    fs = profile.table("filesystem")
+    return landlock_view.dirs_to_list([*paths_to_observe(profile, request), *fs["tmpfs"], "/dev", "/proc"])
+
+
 def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                landlock_abi: int, bwrap_features: frozenset[str] = frozenset()) -> LaunchPlan:
     """The launch plan. Raises SandboxError subclasses for requests that cannot be met."""
@@ -168,7 +194,7 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     share_net = request.share_net or not profile.table("namespaces")["net"]
     network_allow = _allowlist(profile, request, tier, share_net)
     mounts = _mounts(profile, request, host, workdir)
-    if profile.table("namespaces")["uts"] and not share_net:
+    if profile.table("namespaces")["uts"] and not share_net and tier.uses_namespaces:
         # The sandbox's hostname resolves: its own /etc/hosts, not the host's.
         mounts = [m for m in mounts if m.path != "/etc/hosts"] + [Mount("data", "/etc/hosts", HOSTS_FILE, "read")]
         mounts.sort(key=lambda m: canonical(m.path).count("/") if m.path != "/" else 0)
@@ -190,9 +216,12 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
     loopback = profile.table("network")["loopback"]
     landlock = (_landlock(profile, mounts, landlock_abi, share_net or loopback or bool(network_allow))
                 if tier.uses_landlock else None)
-    seccomp = (spec_from_profile(profile.table("seccomp"), share_net, loopback, proxy=bool(network_allow))
+    seccomp = (spec_from_profile(profile.table("seccomp"), share_net, loopback, tier.uses_namespaces,
+                                 proxy=bool(network_allow))
                if tier.uses_seccomp else None)
     env = _environment(profile, request, proxied=bool(network_allow))
+    if tier == Tier.KernelNoNamespaces:
+        landlock, env = _without_namespaces(profile, mounts, landlock, env, host, share_net)
     if not host.stage2_helper:
         raise HostError("sbx's stage 2 helper (sbx-stage2) is missing from its installation",
                         "reinstall sbx (pip install builds it; it needs a C compiler: apt-get install gcc libc6-dev)")
@@ -204,7 +233,8 @@ def build_plan(profile: Profile, tier: Tier, request: Request, host: HostView,
                       search_path=env.get("PATH", DEFAULT_SEARCH_PATH), rlimits=_rlimits(profile),
                       landlock=landlock, seccomp=seccomp, share_net=share_net, exe_fd=request.exe_fd,
                       exe_path=request.exe_path, stage2_identity=_identity(host, host.stage2_helper),
-                      run_as=run_as, network_allow=network_allow)
+                      run_as=run_as, network_allow=network_allow,
+                      drop_caps=host.uid == 0 and tier == Tier.KernelNoNamespaces)
 
 
 def _allowlist(profile: Profile, request: Request, tier: Tier, share_net: bool) -> tuple:
@@ -225,10 +255,26 @@ def _allowlist(profile: Profile, request: Request, tier: Tier, share_net: bool) 
         raise UsageError("a network allowlist needs the sandbox's private network namespace, but the host "
                          "network is shared (--share-net or [namespaces] net = false): every host would be reachable",
                          "drop --share-net (or set [namespaces] net = true) to reach only the allowed hosts")
-    if not tier.uses_bwrap:
+    if not tier.uses_namespaces:
         raise UsageError(f"a network allowlist needs a private network namespace, which tier {tier.name} does not have",
                          "run where user namespaces work (sbx doctor), or drop the allowlist")
     return tuple(dict.fromkeys(rules))
+
+
+def _without_namespaces(profile: Profile, mounts: list[Mount], landlock: LandlockSpec, env: dict[str, str],
+                        host: HostView, share_net: bool) -> tuple[LandlockSpec, dict[str, str]]:
+    """KernelNoNamespaces: the view becomes Landlock grants (landlock_view.py), the tmpfs
+    entries one private directory that TMPDIR (and any variable naming a tmpfs entry, such
+    as HOME=/tmp) points at, and TCP is denied whenever the network is not shared: there is
+    no network namespace to be the boundary."""
+    fs = profile.table("filesystem")
+    tmpfs = {canonical(p) for p in fs["tmpfs"]}
+    rules = landlock_view.rules(mounts, landlock.abi, host.listings, bool(tmpfs), fs["dev"])
+    net = 0 if share_net else ll.mask(ll.NET_RIGHTS, ll.NET_RIGHTS, landlock.abi)
+    env = {k: (landlock_view.PRIVATE_TMP if v in tmpfs else v) for k, v in env.items()}
+    if tmpfs:
+        env["TMPDIR"] = landlock_view.PRIVATE_TMP
+    return landlock._replace(rules=tuple(rules), net=net), env
 
 
 def canonical(path: str) -> str:

@@ -86,6 +86,11 @@ def resolve_tier(caps: Capabilities) -> Tier:
     """The strongest tier these capabilities support (the README's tier table)."""
     if caps.bwrap_usable and caps.seccomp and caps.no_new_privs:
         return Tier.KernelFull if caps.landlock_abi >= 1 else Tier.KernelSeccompOnly
+    if caps.seccomp and caps.no_new_privs and caps.landlock_abi >= 1:
+        # No usable bwrap (no user namespaces: a container, AppArmor's restriction, or no
+        # bwrap at all): Landlock stands in for the mounts. Without Landlock there is no
+        # filesystem boundary at all, so that is EnvironmentOnly, never this tier.
+        return Tier.KernelNoNamespaces
     return Tier.EnvironmentOnly
 
 
@@ -207,6 +212,18 @@ class HostProbes:
             pass
         return ""
 
+    def own_seccomp_mode(self) -> str:
+        """This process's ``Seccomp:`` field: "2" when a filter (a container runtime's, an
+        outer sandbox's) already confines it and may be what refused the namespaces."""
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("Seccomp:"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return ""
+
     def landlock_abi(self) -> tuple[int, str]:
         """The Landlock ABI and, when there is none, why. Off the launch path, so the
         ``landlock`` package (whose import costs tens of milliseconds) answers here, with
@@ -309,7 +326,8 @@ def probe_host(probes: HostProbes | None = None) -> Capabilities:
                                 "supported: " + (", ".join(sorted(features)) or "none of the optional ones")
                                 + ("; missing (not needed): " + ", ".join(missing) if missing else "")))
         else:
-            detail, remedy = _userns_failure(probes.userns_sysctls(), stderr, probes.container())
+            detail, remedy = _userns_failure(probes.userns_sysctls(), stderr, probes.container(),
+                                             probes.own_seccomp_mode())
             checks.append(Check("bwrap-userns", False, detail, remedy))
     container = probes.container()
     checks.append(Check("container", True, f"inside a {container} container (user namespaces may be refused there)"
@@ -350,7 +368,7 @@ CONTAINER_REMEDIES = {
 }
 
 
-def _userns_failure(sysctls: dict[str, str], stderr: str, container: str = "") -> tuple[str, str]:
+def _userns_failure(sysctls: dict[str, str], stderr: str, container: str = "", seccomp_mode: str = "") -> tuple[str, str]:
     if sysctls.get("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("bwrap could not create a user namespace: AppArmor restricts unprivileged user "
                 "namespaces (kernel.apparmor_restrict_unprivileged_userns=1)", APPARMOR_REMEDY)
@@ -366,6 +384,11 @@ def _userns_failure(sysctls: dict[str, str], stderr: str, container: str = "") -
         return ("bwrap could not create a user namespace: user.max_user_namespaces=0",
                 "sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)")
     first = stderr.splitlines()[0] if stderr else "no message"
+    if seccomp_mode == "2":
+        return (f"bwrap could not set up namespaces (its message: {first}); this process already runs under a "
+                "seccomp filter (Seccomp: 2), as inside a container or another sandbox, which may refuse them",
+                "run sbx where that filter allows CLONE_NEWUSER (a container: its seccomp profile), or accept "
+                "KernelNoNamespaces (Landlock and seccomp without namespaces)")
     return (f"bwrap could not set up namespaces (its message: {first})",
             "check that unprivileged user namespaces are allowed on this host, or install bwrap setuid")
 

@@ -51,6 +51,20 @@ def setpriv_prefix() -> list[str]:
                     "apt-get install util-linux")
 
 
+def capability_drop_prefix() -> list[str]:
+    """KernelNoNamespaces, root caller: there is no user namespace to map an unprivileged
+    uid into and no mount namespace for an idmapped workdir, so the command keeps uid 0;
+    it starts with an empty capability bounding set, no inheritable capabilities, no groups
+    and SECBIT_NOROOT locked (as bwrap's --cap-drop ALL does above this tier)."""
+    for directory in SETPRIV_DIRS:
+        path = os.path.join(directory, "setpriv")
+        if os.access(path, os.X_OK):
+            return [path, "--bounding-set=-all", "--inh-caps=-all", "--clear-groups",
+                    "--securebits=+noroot,+noroot_locked", "--"]
+    raise HostError("run as root at KernelNoNamespaces, sbx drops every capability with setpriv, which is missing",
+                    "apt-get install util-linux")
+
+
 def _syscall(number: int, *args) -> int:
     # Safe here: only the mount calls below, by root, on a private clone of the caller's
     # own bind source, attached under a root-only directory.

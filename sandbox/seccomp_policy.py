@@ -105,7 +105,7 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
     with only lo: unix, inet and inet6 sockets, netlink for routing only, no raw or packet
     sockets), "proxy" (the same namespace with the allowlist proxy's listener in it: as
     loopback, but no new AF_UNIX sockets and no datagram sockets; only TCP leaves, through
-    the proxy) or "unix" (AF_UNIX only).
+    the proxy) "unix" (AF_UNIX only) or "none" (no socket(); socketpair AF_UNIX only).
     """
 
     __slots__ = ()
@@ -127,6 +127,8 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         ]
         if self.sockets == "unix":
             lines.append("socket: AF_UNIX only (other families EPERM)")
+        elif self.sockets == "none":
+            lines.append("socket: every family EPERM (no network namespace); socketpair: AF_UNIX only")
         elif self.sockets == "loopback":
             lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
                          "sockets and other families EPERM; socketpair: AF_UNIX only")
@@ -139,7 +141,8 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         return lines
 
 
-def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True, proxy: bool = False) -> SeccompSpec:
+def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = True, namespaces: bool = True,
+                      proxy: bool = False) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
     denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
@@ -147,7 +150,10 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
         allowed = tuple(sorted((set(STRICT_ALLOWED) | extra_allow) - set(denied) - set(ENOSYS_ALWAYS)))
-    sockets = "all" if share_net else ("proxy" if proxy else "loopback" if loopback else "unix")
+    # Without a network namespace (KernelNoNamespaces) loopback would be the host's, and
+    # Landlock does not mediate connecting to a host daemon's unix socket: no socket() at all.
+    sockets = "all" if share_net else ("none" if not namespaces else "proxy" if proxy
+                                       else "loopback" if loopback else "unix")
     return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets)
 
 
@@ -281,6 +287,8 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         add(guard, eperm, "socketpair", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
+    elif spec.sockets == "none":
+        add(guard, eperm, "socket", from_profile=False)
     elif spec.sockets in ("loopback", "proxy"):
         # Only lo exists in the namespace, so inet sockets reach nothing outside it. Every
         # other family is refused (one rule each: libseccomp has no "not in"), netlink is

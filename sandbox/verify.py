@@ -1,7 +1,7 @@
 """``sbx verify``: run, on this host, the checks that prove the sandbox enforces what it claims.
 
 For each spawn path (the CLI, the library's ``spawn``), each kernel tier the host resolves
-(and KernelSeccompOnly forced), and -- when invoked as root -- as root and as uid 65534:
+(and the kernel tiers below it forced: KernelSeccompOnly, KernelNoNamespaces), and -- when invoked as root -- as root and as uid 65534:
 fd 7 is opened in the caller without close-on-exec and a probe lists its descriptors with
 fcntl(F_GETFD) up to RLIMIT_NOFILE. Every case runs its positive controls first (the probe
 outside sbx sees fd 7; a ``--preserve-fd 7`` run sees it inside); a case whose control
@@ -125,9 +125,10 @@ def fd_hygiene_case(user: User, path: str, tier: Tier, scratch: Path) -> CaseRes
     return result
 
 
-def landlock_case(user: User, scratch: Path) -> CaseResult:
+def landlock_case(user: User, scratch: Path, tier: Tier = Tier.KernelFull,
+                  control_tier: Tier = Tier.KernelSeccompOnly) -> CaseResult:
     result = CaseResult("Landlock: preserved directory fd cannot be read through", "cli",
-                        Tier.KernelFull.name, user.label, "INCONCLUSIVE", "")
+                        tier.name, user.label, "INCONCLUSIVE", "")
     secret_dir = Path(tempfile.mkdtemp(prefix="sbx-verify-", dir="/var/tmp"))
     try:
         secret_dir.chmod(0o755)
@@ -136,14 +137,14 @@ def landlock_case(user: User, scratch: Path) -> CaseResult:
         workdir = str(user.workdir(scratch))
         argv = ["cat", "/proc/self/fd/8/secret"]
         fds = f"exec 8<{secret_dir}"
-        ran_at, control, _ = _sandboxed(user, "cli", Tier.KernelSeccompOnly, workdir, argv, [8], fds)
-        if ran_at != "KernelSeccompOnly" or control.stdout != "verify-secret\n":
+        ran_at, control, _ = _sandboxed(user, "cli", control_tier, workdir, argv, [8], fds)
+        if ran_at != control_tier.name or control.stdout != "verify-secret\n":
             result.detail = "control failed: without Landlock the directory fd did not read through"
             return result
-        ran_at, guarded, _ = _sandboxed(user, "cli", Tier.KernelFull, workdir, argv, [8], fds)
-        if ran_at == "KernelFull" and guarded.returncode != 0 and "verify-secret" not in guarded.stdout:
+        ran_at, guarded, _ = _sandboxed(user, "cli", tier, workdir, argv, [8], fds)
+        if ran_at == tier.name and guarded.returncode != 0 and "verify-secret" not in guarded.stdout:
             result.result = "PASS"
-            result.detail = "readable at KernelSeccompOnly (control); denied at KernelFull"
+            result.detail = f"readable at {control_tier.name} (control); denied at {tier.name}"
         else:
             result.result = "FAIL"
             result.detail = f"at {ran_at} the read returned {guarded.returncode}: {guarded.stdout[:60]!r}"
@@ -189,7 +190,8 @@ def report_of(facts: dict, cases: list[CaseResult]) -> dict:
 def collect_cases() -> tuple[dict, list[CaseResult]]:
     caps = probes.host_capabilities(refresh=True)
     host_tier = probes.resolve_tier(caps)
-    tiers = [t for t in (Tier.KernelFull, Tier.KernelSeccompOnly) if t <= host_tier]
+    # Each kernel tier at or below the host's: on a host with namespaces, the weaker ones forced.
+    tiers = [t for t in (Tier.KernelFull, Tier.KernelSeccompOnly, Tier.KernelNoNamespaces) if t <= host_tier]
     scratch = Path(tempfile.mkdtemp(prefix="sbx-verify-"))
     scratch.chmod(0o755)
     cases: list[CaseResult] = []
@@ -206,8 +208,10 @@ def collect_cases() -> tuple[dict, list[CaseResult]]:
             for path in ("cli", "library"):
                 for tier in tiers:
                     cases.append(fd_hygiene_case(user, path, tier, scratch))
-            if Tier.KernelFull in tiers:
-                cases.append(landlock_case(user, scratch))
+            # The control: the same read at a tier without Landlock (forced lower, so always possible).
+            no_landlock = Tier.KernelSeccompOnly if Tier.KernelSeccompOnly in tiers else Tier.EnvironmentOnly
+            for tier in (t for t in tiers if t.uses_landlock):
+                cases.append(landlock_case(user, scratch, tier, no_landlock))
             for tier in tiers:
                 cases.append(seccomp_case(user, tier, control, scratch) if control else
                              CaseResult("seccomp", "cli", tier.name, user.label, "INCONCLUSIVE",

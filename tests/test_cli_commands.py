@@ -25,7 +25,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(root_runner, tmp_path):
 def test_profiles_list_and_show(root_runner, tmp_path):
     listing = root_runner.run("profiles")
     assert listing.returncode == 0
-    assert listing.stdout.splitlines()[0].startswith("standard") and "strict" in listing.stdout
+    names = [line.split()[0] for line in listing.stdout.splitlines()]
+    assert names[:3] == ["container", "standard", "strict"], names
+    assert "floor KernelNoNamespaces" in listing.stdout.splitlines()[0]
     custom = tmp_path / "mine.toml"
     custom.write_text('extends = "strict"\ndescription = "mine"\n[run]\ntimeout = 5\n')
     shown = root_runner.run("profiles", "show", str(custom))

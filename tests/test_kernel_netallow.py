@@ -291,6 +291,7 @@ def test_dry_run_shows_the_allowlist_and_the_socket_rule(root_runner):
     (["--allow-host", "pypi.org:0"], "usage", "pypi.org:0"),
     (["--net-log", "/tmp/x.jsonl"], "usage", "--net-log without a network allowlist"),
     (["--allow-host", "pypi.org", "--tier", "EnvironmentOnly", "--allow-degraded"], "usage", "EnvironmentOnly"),
+    (["--allow-host", "pypi.org", "--tier", "KernelNoNamespaces", "--allow-degraded"], "usage", "KernelNoNamespaces"),
 ])
 def test_bad_allowlist_requests_are_refused_cleanly(root_runner, argv, code, text):
     workdir = root_runner.workdir()

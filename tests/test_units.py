@@ -40,6 +40,9 @@ class FakeHost(probes.HostProbes):
     def seccomp_and_nnp(self):
         return self._seccomp, True, ""
 
+    def own_seccomp_mode(self):
+        return "0"
+
     def close_range_cloexec(self):
         return True, ""
 
@@ -47,8 +50,11 @@ class FakeHost(probes.HostProbes):
 @pytest.mark.parametrize("host, tier", [
     (FakeHost(), Tier.KernelFull),
     (FakeHost(abi=0), Tier.KernelSeccompOnly),
-    (FakeHost(bwrap=None), Tier.EnvironmentOnly),
-    (FakeHost(userns=False), Tier.EnvironmentOnly),
+    (FakeHost(bwrap=None), Tier.KernelNoNamespaces),  # the tier needs no bwrap
+    (FakeHost(userns=False), Tier.KernelNoNamespaces),
+    (FakeHost(userns=False, abi=0), Tier.EnvironmentOnly),  # no Landlock: no filesystem boundary at all
+    (FakeHost(bwrap=None, abi=0), Tier.EnvironmentOnly),
+    (FakeHost(userns=False, seccomp=False), Tier.EnvironmentOnly),
     (FakeHost(seccomp=False), Tier.EnvironmentOnly),
 ])
 def test_tier_resolution_on_fake_hosts(host, tier):
@@ -80,7 +86,25 @@ def test_a_container_refusing_user_namespaces_gets_its_own_remedy(container, rem
     caps = probes.probe_host(FakeHost(userns=False, container=container))
     check = next(c for c in caps.checks if c.name == "bwrap-userns")
     assert not check.ok and container in check.detail and remedy in check.remedy
-    assert probes.resolve_tier(caps) == Tier.EnvironmentOnly
+    assert probes.resolve_tier(caps) == Tier.KernelNoNamespaces
+
+
+def test_an_outer_seccomp_filter_is_named_when_nothing_else_explains_the_refusal():
+    class Filtered(FakeHost):
+        def own_seccomp_mode(self):
+            return "2"
+
+    check = next(c for c in probes.probe_host(Filtered(userns=False)).checks if c.name == "bwrap-userns")
+    assert "Seccomp: 2" in check.detail and "KernelNoNamespaces" in check.remedy
+    unfiltered = next(c for c in probes.probe_host(FakeHost(userns=False)).checks if c.name == "bwrap-userns")
+    assert "Seccomp: 2" not in unfiltered.detail  # the control: only said when it is so
+
+
+def test_tier_properties():
+    assert [t.name for t in sorted(Tier)] == ["EnvironmentOnly", "KernelNoNamespaces", "KernelSeccompOnly", "KernelFull"]
+    assert [t for t in Tier if t.uses_landlock] == [Tier.KernelNoNamespaces, Tier.KernelFull]
+    assert [t for t in Tier if t.uses_seccomp] == [Tier.KernelNoNamespaces, Tier.KernelSeccompOnly, Tier.KernelFull]
+    assert [t for t in Tier if t.uses_namespaces] == [Tier.KernelSeccompOnly, Tier.KernelFull]
 
 
 def test_container_detection(tmp_path):

@@ -20,10 +20,11 @@ def test_verify_passes_on_this_host_and_writes_a_record(root_runner, tmp_path):
     seen = {(c["check"].split(":")[0], c["path"], c["tier"], c["user"]) for c in report["cases"]}
     for user in ("root", "nobody"):
         for path in ("cli", "library"):
-            for tier in ("KernelFull", "KernelSeccompOnly"):
+            for tier in ("KernelFull", "KernelSeccompOnly", "KernelNoNamespaces"):
                 assert ("fd hygiene", path, tier, user) in seen
-        assert ("Landlock", "cli", "KernelFull", user) in seen
-        assert ("seccomp", "cli", "KernelFull", user) in seen
+        for tier in ("KernelFull", "KernelNoNamespaces"):
+            assert ("Landlock", "cli", tier, user) in seen
+            assert ("seccomp", "cli", tier, user) in seen
     text = record.read_text()
     assert text.startswith("# sbx verification record") and "every case passed" in text
 
