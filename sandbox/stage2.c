@@ -1041,6 +1041,64 @@ set_no_new_privs(struct failure *f)
 
 /* ---- Landlock ------------------------------------------------------------------------------ */
 
+/* The rule's path opened one component at a time, never following a symlink (ELOOP) and
+ * refusing "." and ".." (EINVAL): the plan names canonical paths, so a link anywhere in
+ * one was planted after the plan was made (a writable workdir can hold one), and following
+ * it would grant a hierarchy the plan never chose. Safe here: O_PATH opens nothing for
+ * reading; it only names the rule's hierarchy. */
+static int
+open_rule_path(const char *path)
+{
+    char component[NAME_MAX + 1];
+    const char *at = path, *end;
+    struct stat st;
+    int dir, next, saved;
+    size_t n;
+
+    if (path[0] != '/') {
+        errno = EINVAL;
+        return -1;
+    }
+    dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return -1;
+    for (;;) {
+        while (*at == '/')
+            at++;
+        if (*at == '\0')
+            return dir;
+        end = strchr(at, '/');
+        n = end != NULL ? (size_t)(end - at) : strlen(at);
+        if (n > NAME_MAX || (n == 1 && at[0] == '.') || (n == 2 && at[0] == '.' && at[1] == '.')) {
+            close(dir);
+            errno = n > NAME_MAX ? ENAMETOOLONG : EINVAL;
+            return -1;
+        }
+        memcpy(component, at, n);
+        component[n] = '\0';
+        next = openat(dir, component, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        saved = errno;
+        close(dir);
+        if (next < 0) {
+            errno = saved;
+            return -1;
+        }
+        if (fstat(next, &st) < 0) {
+            saved = errno;
+            close(next);
+            errno = saved;
+            return -1;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            close(next);
+            errno = ELOOP;
+            return -1;
+        }
+        dir = next;
+        at += n;
+    }
+}
+
 static int
 add_landlock_rule(int ruleset, const struct config *cfg, const struct landlock_rule *rule, struct failure *f)
 {
@@ -1049,8 +1107,7 @@ add_landlock_rule(int ruleset, const struct config *cfg, const struct landlock_r
     int parent, saved;
     long rc;
 
-    /* Safe here: O_PATH opens nothing for reading; it only names the rule's hierarchy. */
-    parent = open(rule->path, O_PATH | O_CLOEXEC);
+    parent = open_rule_path(rule->path);
     if (parent < 0) {
         if (errno == ENOENT && rule->optional)
             return 0;

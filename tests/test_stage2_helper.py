@@ -412,6 +412,31 @@ def test_landlock_optional_missing_rule_is_skipped_required_one_fails(helpers):
     assert required.stdout == ""
 
 
+@pytest.mark.parametrize("where", ["last", "parent"])
+def test_landlock_rule_through_a_symlink_is_refused_not_followed(helpers, tmp_path, where):
+    """A link planted where the plan named a directory (a writable workdir can hold one)
+    must not turn into a grant on its target: ELOOP, exit 125, the command never runs."""
+    link = tmp_path / "link"
+    link.symlink_to("/etc")
+    rule = str(link) if where == "last" else str(link / "ssl")
+    # Control: the rule on the canonical path grants the hierarchy (/etc/passwd is read).
+    granted = run_stage2(helpers["normal"], [*PY, LANDLOCK_PROBE], landlock=_landlock(("/etc", LL_READ, False)))
+    succeeded(granted)
+    assert granted.stdout.split() == ["/etc/hostname", "read", "/etc/passwd", "read"]
+    for optional in (False, True):
+        result = run_stage2(helpers["normal"], [*PY, LANDLOCK_PROBE], landlock=_landlock((rule, LL_READ, optional)))
+        record = failure(result)
+        assert (record.layer, record.errno, record.exit, record.detail) == ("landlock", errno.ELOOP, EXIT_SETUP_FAILED,
+                                                                            rule)
+        assert result.stdout == ""
+
+
+def test_landlock_rule_paths_with_dot_components_are_refused(helpers):
+    result = run_stage2(helpers["normal"], [*PY, LANDLOCK_PROBE], landlock=_landlock(("/usr/../etc", LL_READ, False)))
+    record = failure(result)
+    assert (record.layer, record.errno) == ("landlock", errno.EINVAL)
+
+
 def test_landlock_abi_above_the_kernels_is_refused(helpers):
     record = failure(run_stage2(helpers["normal"], ["/usr/bin/true"], landlock=_landlock(abi=99)))
     assert (record.layer, record.errno, record.exit) == ("landlock", 0, EXIT_SETUP_FAILED)
