@@ -233,7 +233,8 @@ def cmd_run(args: Arguments) -> int:
             raise UsageError("--net-log without a network allowlist: there would be nothing to log",
                              "add --allow-host HOST (or a profile's [network] allow), or drop --net-log")
         if not args.dry_run:
-            net_log.append(_open_net_log(args.net_log))
+            writable = [m.source for m in sandbox.plan(command).mounts if m.op == "bind"]
+            net_log.append(_open_net_log(args.net_log, writable))
     if sandbox.degraded_warning:  # start() does not log it: the CLI says it here, once
         print(f"sbx: warning: {sandbox.degraded_warning}", file=sys.stderr)
     if args.dry_run:
@@ -280,18 +281,36 @@ def cmd_run(args: Arguments) -> int:
     return status
 
 
-def _open_net_log(path: str) -> int:
-    """The --net-log file, opened once, before the sandbox exists: created 0600 or truncated,
-    never through a symlink at its last component, and never a FIFO or device (an earlier
-    sandbox may have planted one in its workdir to block or redirect sbx)."""
+def _open_net_log(path: str, writable_inside: list[str]) -> int:
+    """The --net-log file, opened once, before the sandbox exists: created 0600 or truncated;
+    its directory walked without following any symlink, the file itself never a link, FIFO or
+    device (an earlier sandbox may have planted one in its workdir to block or redirect sbx),
+    and never in a directory the sandbox can write (the command could rewrite the log)."""
+    from .pathfd import open_directory
+
+    directory, name = os.path.split(os.path.abspath(path))
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        dir_fd = open_directory(directory)
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO with no reader: refused without blocking
-            raise UsageError(f"--net-log {path} is not a regular file", "pass a path to a regular file (it is created)") \
-                from None
-        raise UsageError(f"--net-log {path}: cannot open it: {exc.strerror}",
-                         "pass a path to a regular file in a directory you can write") from None
+        raise UsageError(f"--net-log {path}: its directory {directory} cannot be opened without following a link "
+                         f"({exc.strerror})", "pass a path whose directories are real directories") from None
+    try:
+        real = os.readlink(f"/proc/self/fd/{dir_fd}")
+        for source in writable_inside:
+            if real == source or real.startswith(source.rstrip("/") + "/"):
+                raise UsageError(f"--net-log {path} lies in {source}, which the sandbox can write: the command could "
+                                 "rewrite its own log", "write the log outside the workdir and every --bind")
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a FIFO with no reader: refused without blocking
+                raise UsageError(f"--net-log {path} is not a regular file",
+                                 "pass a path to a regular file (it is created)") from None
+            raise UsageError(f"--net-log {path}: cannot open it: {exc.strerror}",
+                             "pass a path to a regular file in a directory you can write") from None
+    finally:
+        os.close(dir_fd)
     import stat
 
     if not stat.S_ISREG(os.fstat(fd).st_mode):

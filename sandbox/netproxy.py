@@ -337,11 +337,62 @@ def _is_host_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bo
             or address.is_reserved or address in _METADATA_ADDRESSES)
 
 
-class SystemResolver:
-    """The default resolver: getaddrinfo, minus every host-local address."""
+_SHARED_ADDRESS_SPACE = ipaddress.IPv4Network("100.64.0.0/10")  # CGNAT, Tailscale; not is_private in 3.11
+HOST_ADDRESS_TTL = 5.0  # seconds the host's own interface addresses are cached
 
-    def __init__(self, getaddrinfo: Callable | None = None) -> None:
+
+def _is_private(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """RFC 1918, unique-local, shared (CGNAT) and the other non-global ranges: where a
+    container's host, a cluster's services and a home router live."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_private or (isinstance(address, ipaddress.IPv4Address) and address in _SHARED_ADDRESS_SPACE)
+
+
+_host_addresses_cache: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+
+def host_addresses() -> frozenset[str]:
+    """The addresses of this host's own interfaces (IPv4 from the kernel's LOCAL routes,
+    IPv6 from if_inet6): an allowed name that resolves to one would reach the host's own
+    services on a public address too. Cached for a few seconds."""
+    global _host_addresses_cache
+    now = time.monotonic()
+    stamp, cached = _host_addresses_cache
+    if now - stamp < HOST_ADDRESS_TTL:
+        return cached
+    found: set[str] = set()
+    try:
+        with open("/proc/net/fib_trie") as trie:
+            previous = ""
+            for line in trie:
+                text = line.strip()
+                if text.startswith("/32 host LOCAL") and previous:
+                    found.add(previous)
+                elif text.startswith(("|--", "+--")):
+                    previous = text.split()[-1]
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6") as inet6:
+            for line in inet6:
+                hexed = line.split()[0] if line.split() else ""
+                if len(hexed) == 32:
+                    found.add(str(ipaddress.IPv6Address(int(hexed, 16))))
+    except (OSError, ValueError):
+        pass
+    _host_addresses_cache = (now, frozenset(found))
+    return _host_addresses_cache[1]
+
+
+class SystemResolver:
+    """The default resolver: getaddrinfo, minus every host-local, private and own-interface
+    address, except those listed in ``listed`` (IP-literal allowlist entries: the user
+    named that address, so a name resolving to it may reach it)."""
+
+    def __init__(self, getaddrinfo: Callable | None = None, listed: Iterable[str] = ()) -> None:
         self._getaddrinfo = getaddrinfo  # None: the running loop's
+        self._listed = frozenset(str(_parse_ip(a)) for a in listed if _parse_ip(a) is not None)
 
     async def __call__(self, host: str, port: int) -> list[str]:
         try:
@@ -358,12 +409,16 @@ class SystemResolver:
             if family not in (socket.AF_INET, socket.AF_INET6):
                 continue
             address = _parse_ip(str(sockaddr[0]).lower())  # a scoped "fe80::1%eth0" is not an address here
-            if address is None or _is_host_local(address):
+            if address is None:
+                continue
+            if str(address) not in self._listed and (_is_host_local(address) or _is_private(address)
+                                                     or str(address) in host_addresses()):
                 continue
             if str(address) not in addresses:
                 addresses.append(str(address))
         if not addresses:
-            raise LookupError("resolves only to host-local addresses" if infos else "no addresses")
+            raise LookupError("resolves only to host-local or private addresses (list the address itself to allow it)"
+                              if infos else "no addresses")
         return addresses
 
 
@@ -864,19 +919,24 @@ class ProxyHandle:
         except BaseException:  # the caller's callback must never take the proxy down
             pass
 
+    def _finished(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+        self._service.active -= 1
+
     def _accept(self, client: _Endpoint) -> None:
         """Called for each accepted connection."""
         if self._closing:
             client.transport.abort()
             return
-        if len(self._connections) >= self._max_connections:
+        if len(self._connections) >= self._max_connections or self._service.active >= self._service.budget:
             client.transport.close()
             self._emit(DENY, UNIDENTIFIED, "", 0, "too many connections")
             return
         connection = _Connection(client.transport)
         self._connections.add(connection)
+        self._service.active += 1
         connection.task = asyncio.get_running_loop().create_task(self._serve_connection(connection, client))
-        connection.task.add_done_callback(lambda task: self._connections.discard(connection))
+        connection.task.add_done_callback(lambda task: self._finished(connection))
         connection.task.add_done_callback(_swallow)
 
     async def _serve_connection(self, connection: _Connection, client: _Endpoint) -> None:
@@ -997,14 +1057,39 @@ class ProxyHandle:
         await _close_in_order(client)
 
 
+def descriptor_budget() -> int:
+    """How many client connections this process may hold at once: a quarter of what the
+    descriptor limit leaves after 64 for everything else (each one uses two)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(8, (soft - 64) // 4)
+
+
+def _quiet_exception_handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """What asyncio could not hand to a connection (an accept that hit the descriptor limit,
+    a transport closed under it) goes to the ``sbx`` logger at debug level, without a
+    traceback: a sandbox must not be able to flood its caller's stderr."""
+    import logging
+
+    logging.getLogger("sbx").debug("sbx: proxy: %s", context.get("message", "asyncio error"))
+
+
 class ProxyService:
     """One asyncio loop in one daemon thread (started by the first serve) for every served
     listener of the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # Every client connection costs this process two descriptors (client and upstream),
+        # whichever sandbox it came from: the total is capped below the descriptor limit, so
+        # sandboxes cannot starve the process that runs them (the CLI, an agent runtime).
+        self.budget = budget if budget is not None else descriptor_budget()
+        self.active = 0  # client connections of every handle; touched on the proxy thread only
 
     def _on_proxy_thread(self) -> bool:
         return self._thread is not None and threading.get_ident() == self._thread.ident
@@ -1013,6 +1098,7 @@ class ProxyService:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                loop.set_exception_handler(_quiet_exception_handler)
                 thread = threading.Thread(target=loop.run_forever, name="sbx-netproxy", daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread
@@ -1052,8 +1138,9 @@ class ProxyService:
             if isinstance(listener, socket.socket):
                 listener.close()
             raise
-        handle = ProxyHandle(self, parsed, on_event, resolver or SystemResolver(), float(connect_timeout), max_connections,
-                             float(head_timeout))
+        listed = [rule.host for rule in parsed if _parse_ip(rule.host) is not None]
+        handle = ProxyHandle(self, parsed, on_event, resolver or SystemResolver(listed=listed), float(connect_timeout),
+                             max_connections, float(head_timeout))
         future = asyncio.run_coroutine_threadsafe(handle._start(listener), self._ensure_loop())
         try:
             future.result()

@@ -51,3 +51,21 @@ def open_pinned(path: str, identity: tuple[int, int], optional: bool = False) ->
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def open_directory(path: str) -> int:
+    """An O_PATH descriptor on the directory ``path`` (absolute, already normalised), walked
+    one component at a time without following any symlink: OSError (ELOOP or ENOTDIR) if one
+    is in the way. For a file sbx itself writes on the host (``--net-log``), whose directory
+    an earlier sandbox may have planted a link in."""
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for part in (p for p in path.split("/") if p):
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        opened, fd = fd, -1
+        return opened
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 7
+RULES_VERSION = 8
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -35,6 +35,22 @@ DENIED_ALWAYS: tuple[str, ...] = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
     "iopl", "ioperm", "uselib", "fanotify_init", "personality",
 )
+
+# Denied at KernelNoNamespaces only: changing a file's mode, owner, extended attributes or
+# times. Landlock has no hook for them (it checks opens, not metadata), and that tier has
+# no read-only mount and no uid switch, so they would reach every file the caller owns
+# anywhere on the host (for a root caller: chmod u+s, security.capability, /etc/shadow).
+METADATA_CALLS: tuple[str, ...] = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "setxattrat", "removexattrat", "file_setattr",
+)
+# Setting a file's times to anything but "now" (touch without -d keeps working): the index
+# of the times argument, which must be NULL.
+TIME_CALLS = {"utime": 1, "utimes": 1, "utimensat": 2, "futimesat": 2}
+# Calls newer than some libseccomp releases: denied by number where the name is unknown
+# (the generic syscall table gives them the same number on x86_64 and aarch64).
+NEW_CALL_NUMBERS = {"setxattrat": 463, "removexattrat": 466, "file_setattr": 469}
 
 # clone3 passes its flags in a struct seccomp cannot read: answer ENOSYS so libc falls back
 # to clone, whose flags we can check (the lesson Flatpak recorded).
@@ -97,7 +113,7 @@ landlock_create_ruleset landlock_add_rule landlock_restrict_self
 REQUIRED_CALLS: tuple[str, ...] = ("fcntl", "getrlimit", "prlimit64", "pread64")
 
 
-class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
+class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets namespaces", defaults=(True,))):
     """What the filter does, as data: the cache key and the ``--dry-run`` summary.
 
     mode "allowlist": unlisted calls get ENOSYS; "denylist": unlisted calls are allowed.
@@ -112,7 +128,7 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
 
     def key_material(self) -> str:
         # repr of tuples of strings, ints and sorted items is stable across runs.
-        return repr((RULES_VERSION, self.mode, self.allowed, self.denied, self.sockets,
+        return repr((RULES_VERSION, self.mode, self.allowed, self.denied, self.sockets, self.namespaces,
                      sorted(CLONE_NAMESPACE_FLAGS.items()), sorted(DENIED_IOCTLS.items()), ENOSYS_ALWAYS))
 
     def summary(self) -> list[str]:
@@ -128,14 +144,19 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets")):
         if self.sockets == "unix":
             lines.append("socket: AF_UNIX only (other families EPERM)")
         elif self.sockets == "none":
-            lines.append("socket: every family EPERM (no network namespace); socketpair: AF_UNIX only")
+            lines.append("socket: every family EPERM (no network namespace); socketpair: AF_UNIX stream and "
+                         "seqpacket only")
         elif self.sockets == "loopback":
             lines.append("socket: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for NETLINK_ROUTE only; raw and packet "
                          "sockets and other families EPERM; socketpair: AF_UNIX only")
         elif self.sockets == "proxy":
             lines.append("socket: AF_INET and AF_INET6 stream sockets, and AF_NETLINK for NETLINK_ROUTE only; new "
                          "AF_UNIX sockets, datagram (UDP), raw and packet sockets and other families EPERM; "
-                         "socketpair: AF_UNIX only")
+                         "socketpair: AF_UNIX stream and seqpacket only")
+        if not self.namespaces:
+            lines.append("prlimit64: on the calling process only (pid 0); mode, owner and extended attribute "
+                         "changes, and times set to anything but now, EPERM (no namespace or read-only mount "
+                         "confines them)")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
@@ -145,7 +166,7 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
                       proxy: bool = False) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
-    denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny))
+    denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny | (set() if namespaces else set(METADATA_CALLS))))
     mode = seccomp_table["mode"]
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
@@ -154,7 +175,7 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
     # Landlock does not mediate connecting to a host daemon's unix socket: no socket() at all.
     sockets = "all" if share_net else ("none" if not namespaces else "proxy" if proxy
                                        else "loopback" if loopback else "unix")
-    return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets)
+    return SeccompSpec(mode=mode, allowed=allowed, denied=denied, sockets=sockets, namespaces=namespaces)
 
 
 LIBSECCOMP_DIRS = ("/usr/lib/{triplet}", "/lib/{triplet}", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
@@ -260,6 +281,9 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         try:
             flt.add_rule(action, name, *args)
         except (OSError, ValueError, RuntimeError):
+            if name in NEW_CALL_NUMBERS and os.uname().machine in TRIPLETS:
+                flt.add_rule(action, NEW_CALL_NUMBERS[name], *args)
+                return
             if from_profile:
                 error = ProfileError(f"[seccomp] names {name!r}, which this libseccomp does not know as a "
                                      "system call on this architecture",
@@ -269,7 +293,7 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
 
     main = new_filter(sc.ERRNO(errno.ENOSYS) if spec.mode == "allowlist" else sc.ALLOW)
     for name in spec.denied:
-        add(main, eperm, name, from_profile=name not in DENIED_ALWAYS)
+        add(main, eperm, name, from_profile=name not in DENIED_ALWAYS and name not in METADATA_CALLS)
     for name in ENOSYS_ALWAYS:
         add(main, sc.ERRNO(errno.ENOSYS), name, from_profile=False)
     for name in spec.allowed:
@@ -285,6 +309,15 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
         # socketpair creates sockets too: only AF_UNIX has pairs, so refuse every other family
         # before the kernel runs (or autoloads) its code.
         add(guard, eperm, "socketpair", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
+    if spec.sockets in ("proxy", "none"):
+        # A datagram pair can still sendto() or connect() any unix datagram socket it can
+        # see (/dev/log, a bind-mounted one): where new unix sockets are refused, so is it.
+        add(guard, eperm, "socketpair", sc.Arg(0, sc.EQ, AF_UNIX), sc.Arg(1, sc.MASKED_EQ, 0xF, SOCK_DGRAM),
+            from_profile=False)
+    if not spec.namespaces:
+        add(guard, eperm, "prlimit64", sc.Arg(0, sc.NE, 0), from_profile=False)
+        for name, index in TIME_CALLS.items():
+            add(guard, eperm, name, sc.Arg(index, sc.NE, 0), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     elif spec.sockets == "none":

@@ -46,10 +46,13 @@ class Tier(enum.IntEnum):
 
 # What KernelNoNamespaces does not give, said the same way by doctor, --dry-run and the README.
 NO_NAMESPACES_LIMITS: tuple[str, ...] = (
-    "no pid namespace: the command sees the host's processes in /proc; the timeout kills its process group "
-    "and every descendant it finds, but a process that leaves both (setsid and a double fork) can outlive it",
+    "no pid namespace: the command sees the host's processes and their command lines in /proc; the timeout "
+    "kills its process group and every descendant it finds, but a process that leaves both (setsid and a "
+    "double fork) can outlive it",
     "no mount namespace: the profile's view is expressed as Landlock grants; hidden paths are refused by "
-    "Landlock, not masked (they exist, and stat and path walks still see their names)",
+    "Landlock, not masked (they exist, and stat and path walks still see their names, sizes and times); "
+    "Landlock cannot confine metadata changes, so seccomp refuses chmod, chown and xattr changes, and "
+    "times other than now, everywhere",
     "no network namespace: without --share-net, seccomp refuses socket() for every family (AF_UNIX too: "
     "Landlock does not mediate connecting to a host daemon's unix socket) and Landlock (ABI 4+) denies TCP "
     "bind and connect",

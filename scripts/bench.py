@@ -119,6 +119,8 @@ def build_rows(workdir: str, heavy: bool) -> tuple[dict[str, Callable[[], object
         rows["6e find /usr/lib /usr/share, sbx strict"] = quiet(strict, FIND)
         rows["6f find /usr/lib /usr/share, bare bwrap + allow-all seccomp filter (the floor)"] = bare(strict, FIND,
                                                                                                          True)
+        # The same filters without Landlock: what the seccomp filter itself costs over the floor.
+        rows["6g find /usr/lib /usr/share, sbx strict at KernelSeccompOnly"] = quiet(seccomp_only, FIND)
     return rows, notes
 
 
@@ -278,7 +280,7 @@ def main() -> int:
         table.append({"row": name, "median_ms": round(median * 1000, 2), "p95_ms": round(p95 * 1000, 2),
                       "ratio_to_bare_bwrap": round(median / base, 2), "n": len(values)})
     heavy_ratios = {}
-    for bare, boxed in (("6a", "6b"), ("6a", "6c"), ("6d", "6e"), ("6d", "6f")):
+    for bare, boxed in (("6a", "6b"), ("6a", "6c"), ("6d", "6e"), ("6d", "6f"), ("6d", "6g")):
         b = next(r for r in table if r["row"].startswith(bare))
         s = next(r for r in table if r["row"].startswith(boxed))
         heavy_ratios[s["row"]] = round(s["median_ms"] / b["median_ms"], 3)

@@ -70,6 +70,7 @@ attempt("udp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close(
 attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close() or "opened")
 attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close() or "opened")
 attempt("socketpair", lambda: len(socket.socketpair()))
+attempt("dgram_pair", lambda: len(socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)))
 def local_server():
     server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
     client = socket.create_connection(server.getsockname(), timeout=5)
@@ -145,8 +146,8 @@ def client_control():
     seen = parse_json_line(subprocess.run([SYSTEM_PYTHON, "-I", "-S", "-c", CLIENT, str(port)], capture_output=True,
                                           text=True, timeout=60).stdout)
     server.close()
-    assert (seen["direct"], seen["udp"], seen["udp6"], seen["unix"], seen["loopback"]) == (
-        "connected", "opened", "opened", "opened", "ping"), seen
+    assert (seen["direct"], seen["udp"], seen["udp6"], seen["unix"], seen["dgram_pair"], seen["loopback"]) == (
+        "connected", "opened", "opened", "opened", 2, "ping"), seen
     return seen
 
 
@@ -168,6 +169,8 @@ def test_only_allowed_hosts_are_reached_and_only_through_the_proxy(runner, tier,
     assert inside["direct"] == ECONNREFUSED, inside
     # UDP, raw and new unix sockets are refused; socketpair and loopback TCP still work.
     assert (inside["udp"], inside["udp6"], inside["raw"], inside["unix"]) == (EPERM, EPERM, EPERM, EPERM), inside
+    # A datagram pair could sendto() any unix datagram socket in the view: refused too.
+    assert inside["dgram_pair"] == EPERM, inside
     assert inside["socketpair"] == 2 and inside["loopback"] == "ping", inside
     assert inside["env"] == {"HTTP_PROXY": "http://127.0.0.1:3128", "https_proxy": "http://127.0.0.1:3128",
                              "ALL_PROXY": "socks5h://127.0.0.1:3128", "NO_PROXY": "localhost,127.0.0.1,::1"}
@@ -360,3 +363,25 @@ def test_the_bridge_listener_never_leaks_into_other_children_of_the_host(tmp_pat
         process.kill_sandbox()
         process.wait()
     assert _bridge_listeners() == []
+
+
+def test_net_log_never_follows_a_planted_directory_link_nor_lies_where_the_sandbox_writes(root_runner, tmp_path):
+    """An earlier run could plant ``logs -> /somewhere`` in its workdir; and a log inside the
+    workdir could be rewritten by the command it records. Both are refused, nothing written."""
+    workdir = root_runner.workdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "net.jsonl").write_text("precious\n")
+    (workdir / "logs").symlink_to(victim)
+    elsewhere = tmp_path / "real"
+    elsewhere.mkdir()
+    for log, text in ((workdir / "logs" / "net.jsonl", "without following a link"),
+                      (workdir / "net.jsonl", "which the sandbox can write")):
+        done = root_runner.run("run", "--workdir", str(workdir), "--allow-host", "pypi.org", "--net-log", str(log),
+                               "--", "true")
+        assert done.returncode == 125 and text in done.stderr and "Traceback" not in done.stderr, done
+    assert (victim / "net.jsonl").read_text() == "precious\n" and not (workdir / "net.jsonl").exists()
+    # Control: the same run with the log in a plain directory outside the workdir is fine.
+    done = root_runner.run("run", "--workdir", str(workdir), "--allow-host", "pypi.org", "--net-log",
+                           str(elsewhere / "net.jsonl"), "--", "true")
+    assert done.returncode == 0 and (elsewhere / "net.jsonl").exists(), done

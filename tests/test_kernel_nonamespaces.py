@@ -17,7 +17,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import parse_json_line, probe_source, verbose_tier
+from conftest import SYSTEM_PYTHON, parse_json_line, probe_source, verbose_tier
 
 PRELUDE = r"""
 import json, os, subprocess, sys, time
@@ -77,8 +77,12 @@ class NestedHost:
     def run(self, code: str, *args: str) -> dict:
         flags = ["run", "--profile", "standard", "--workdir", str(self.workdir),
                  "--setenv", f"SBX_NESTED_WORKDIR={self.workdir}"]
-        if self.runner.uid is not None:  # its copy of sbx lives under /tmp, a tmpfs in the outer sandbox
-            flags += ["--ro-bind", self.runner.import_root]
+        # The runner's sbx and interpreter, where they live under /tmp (a tmpfs in the outer
+        # sandbox): uid 65534's copy of sbx always, and a checkout cloned there (as in CI).
+        venv = os.path.dirname(os.path.dirname(self.runner.python))
+        for path in dict.fromkeys((venv, self.runner.import_root)):
+            if path.startswith("/tmp/"):
+                flags += ["--ro-bind", path]
         result = self.runner.run(*flags, "--", *self.runner.python_argv(PRELUDE + code, *args), timeout=180)
         assert result.returncode == 0, f"the outer sandbox failed: {result.stdout}\n{result.stderr}"
         return parse_json_line(result.stdout)
@@ -361,3 +365,74 @@ def test_library_paths_remove_the_private_temp_dir(tmp_path):
     assert out.startswith("/tmp/sbx-tmp-") and not os.path.exists(out.strip())
     assert _leftover_tmp_dirs() - before == set()
 
+
+
+# What Landlock cannot confine at this tier, tried on the caller's own file outside the view
+# and on the caller's own process: seccomp refuses them, while the same calls on the
+# command's own process and files it only creates keep working.
+OUTSIDE_VIEW_PROBE = r"""
+import json, os, resource, sys
+victim_file, victim_pid = sys.argv[1], int(sys.argv[2])
+out = {}
+def attempt(name, fn):
+    try:
+        fn(); out[name] = "done"
+    except OSError as exc:
+        out[name] = exc.errno
+attempt("chmod", lambda: os.chmod(victim_file, 0o4777))
+attempt("chown", lambda: os.chown(victim_file, os.getuid(), os.getgid()))
+attempt("setxattr", lambda: os.setxattr(victim_file, "user.sbx", b"1"))
+attempt("utime", lambda: os.utime(victim_file, (0, 0)))
+attempt("prlimit_other", lambda: resource.prlimit(victim_pid, resource.RLIMIT_CORE, (0, 0)))
+attempt("prlimit_self", lambda: resource.prlimit(0, resource.RLIMIT_CORE, (0, 0)))
+attempt("create", lambda: open("made-here", "w").close())
+attempt("touch_now", lambda: os.utime(victim_file, None))
+print(json.dumps(out))
+"""
+
+
+def test_metadata_calls_and_other_processes_limits_are_refused(runner):
+    victim_dir = runner.workdir("/var/tmp")  # outside the view, owned by the runner's uid
+    victim = victim_dir / "victim"
+    victim.write_text("x")
+    if runner.uid is not None:
+        os.chown(victim, runner.uid, runner.uid)
+    sleeper = subprocess.Popen(runner.wrap(["sleep", "60"]))
+    try:
+        # Control: outside sbx, the same user changes the file's metadata and the sleeper's limits.
+        pid = _sleeper_pid(sleeper)
+        control = parse_json_line(runner.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", OUTSIDE_VIEW_PROBE, str(victim),
+                                                   str(pid)], cwd=str(runner.workdir())).stdout)
+        assert {k: control[k] for k in ("chmod", "setxattr", "utime", "prlimit_other")} == dict.fromkeys(
+            ("chmod", "setxattr", "utime", "prlimit_other"), "done"), control
+        os.chmod(victim, 0o644)
+        before = os.stat(victim)
+        result = runner.run("run", "--verbose", "--profile", "container", "--tier", "KernelNoNamespaces",
+                            "--workdir", str(runner.workdir()), "--", SYSTEM_PYTHON, "-I", "-S", "-c",
+                            OUTSIDE_VIEW_PROBE, str(victim), str(pid))
+        assert result.returncode == 0, result.stderr
+        assert verbose_tier(result.stderr) == "KernelNoNamespaces"
+        inside = parse_json_line(result.stdout)
+        assert {k: inside[k] for k in ("chmod", "chown", "setxattr", "utime", "prlimit_other")} == dict.fromkeys(
+            ("chmod", "chown", "setxattr", "utime", "prlimit_other"), 1), inside  # EPERM
+        assert inside["prlimit_self"] == "done" and inside["create"] == "done", inside
+        assert inside["touch_now"] == "done", inside  # times set to now: what touch does
+        after = os.stat(victim)
+        assert after.st_mode == before.st_mode and after.st_mtime_ns >= before.st_mtime_ns
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        shutil.rmtree(victim_dir)
+
+
+def _sleeper_pid(sleeper) -> int:
+    """The pid of ``sleep`` itself (setpriv execs it, so it is the Popen's pid)."""
+    import time
+
+    for _ in range(100):
+        with open(f"/proc/{sleeper.pid}/comm") as comm:
+            if comm.read().strip() == "sleep":
+                return sleeper.pid
+        time.sleep(0.02)
+    raise AssertionError("the sleeper did not start")

@@ -9,6 +9,7 @@ through a recording resolver, which lets every test check that a denied name nev
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import queue
@@ -358,15 +359,43 @@ def resolve(resolver: SystemResolver, host: str = "pkg.test", port: int = 443):
     "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "2002:7f00:1::1", "2002:a9fe:a9fe::1", "100.100.100.200",
 ])
 def test_system_resolver_drops_host_local_addresses(address):
-    with pytest.raises(LookupError, match="resolves only to host-local addresses"):
+    with pytest.raises(LookupError, match="resolves only to host-local or private addresses"):
         resolve(SystemResolver(fake_getaddrinfo(address)))
 
 
 def test_system_resolver_keeps_public_addresses_in_order_without_duplicates():
     resolver = SystemResolver(fake_getaddrinfo("127.0.0.1", "151.101.0.223", "2a04:4e42::223", "151.101.0.223", "169.254.169.254",
                                                "64:ff9b::9765:df", "::ffff:151.101.0.223", "10.1.2.3"))
-    # NAT64 and mapped forms of a public address reach that address; private networks are not host-local.
-    assert resolve(resolver) == ["151.101.0.223", "2a04:4e42::223", "64:ff9b::9765:df", "::ffff:9765:df", "10.1.2.3"]
+    # NAT64 and mapped forms of a public address reach that address; private ones are dropped.
+    assert resolve(resolver) == ["151.101.0.223", "2a04:4e42::223", "64:ff9b::9765:df", "::ffff:9765:df"]
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3", "172.17.0.1", "192.168.1.1", "100.64.0.1", "fd12:3456::1",
+                                     "::ffff:10.0.0.1", "198.18.0.1"])
+def test_system_resolver_drops_private_addresses_unless_listed(address):
+    """A container's host (172.17.0.1), a cluster's services, a home router: reachable only
+    when the user lists the address itself as an IP-literal entry."""
+    with pytest.raises(LookupError, match="list the address itself"):
+        resolve(SystemResolver(fake_getaddrinfo(address)))
+    listed = str(ipaddress.ip_address(address))
+    assert resolve(SystemResolver(fake_getaddrinfo(address), listed=[listed])) == [listed]
+
+
+def test_system_resolver_drops_the_hosts_own_interface_addresses(monkeypatch):
+    import sandbox.netproxy as netproxy
+
+    # Control: a public address passes while it is not one of this host's own.
+    assert resolve(SystemResolver(fake_getaddrinfo("151.101.0.223"))) == ["151.101.0.223"]
+    monkeypatch.setattr(netproxy, "host_addresses", lambda: frozenset({"151.101.0.223"}))
+    with pytest.raises(LookupError):
+        resolve(SystemResolver(fake_getaddrinfo("151.101.0.223")))
+
+
+def test_host_addresses_reads_this_hosts_interfaces():
+    from sandbox.netproxy import host_addresses
+
+    found = host_addresses()
+    assert "127.0.0.1" in found and "::1" in found, found
 
 
 def test_system_resolver_turns_failures_into_lookup_errors():
@@ -865,3 +894,37 @@ def test_serve_refuses_bad_arguments_and_closes_the_listener():
     assert unbound.fileno() == -1
     with pytest.raises(ValueError):
         service().serve(socket.create_server(("127.0.0.1", 0)), ["pypi.org"], max_connections=0)
+
+
+def test_the_process_wide_budget_caps_connections_across_every_listener():
+    """Two sandboxes' listeners share one descriptor budget: the third connection overall is
+    refused even though each listener is under its own maximum; a freed slot is reused."""
+    from sandbox.netproxy import ProxyService, descriptor_budget
+
+    assert 8 <= descriptor_budget() < 1 << 20
+    own = ProxyService(budget=2)
+    events: queue.Queue = queue.Queue()
+    handles, ports, clients = [], [], []
+    try:
+        for _ in range(2):
+            listener = socket.create_server(("127.0.0.1", 0))
+            ports.append(listener.getsockname()[1])
+            handles.append(own.serve(listener, ["pkg.test"], on_event=events.put, max_connections=10))
+        clients += [socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT),
+                    socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)]
+        wait_until(lambda: own.active == 2)
+        extra = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
+        clients.append(extra)
+        assert read_until_close(extra) == b""
+        assert events.get(timeout=WAIT)[1:] == ("deny", "tcp", "", 0, "too many connections")
+        clients[0].close()
+        wait_until(lambda: own.active == 1)
+        again = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
+        clients.append(again)
+        again.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+        assert read_until_close(again).startswith(b"HTTP/1.1 403 ")
+    finally:
+        for client in clients:
+            client.close()
+        for handle in handles:
+            handle.close()
