@@ -337,16 +337,25 @@ def _is_host_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bo
             or address.is_reserved or address in _METADATA_ADDRESSES)
 
 
-_SHARED_ADDRESS_SPACE = ipaddress.IPv4Network("100.64.0.0/10")  # CGNAT, Tailscale; not is_private in 3.11
+# Where a container's host, a cluster's services, a VPN and a home router live: RFC 1918,
+# shared address space (CGNAT, Tailscale) and IPv6 unique-local. Not ipaddress's is_private,
+# which also covers documentation and benchmarking ranges that some networks route.
+_PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"))
 HOST_ADDRESS_TTL = 5.0  # seconds the host's own interface addresses are cached
 
 
 def _is_private(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """RFC 1918, unique-local, shared (CGNAT) and the other non-global ranges: where a
-    container's host, a cluster's services and a home router live."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_private or (isinstance(address, ipaddress.IPv4Address) and address in _SHARED_ADDRESS_SPACE)
+    """Whether ``address`` is in a private network (see _PRIVATE_NETWORKS); an IPv6 address
+    that carries an IPv4 one (mapped, NAT64, 6to4) is judged by that one."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return _is_private(address.ipv4_mapped)
+        if address in _NAT64_PREFIX:
+            return _is_private(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if address.sixtofour is not None and _is_private(address.sixtofour):
+            return True
+    return any(address.version == network.version and address in network for network in _PRIVATE_NETWORKS)
 
 
 _host_addresses_cache: tuple[float, frozenset[str]] = (0.0, frozenset())

@@ -371,7 +371,7 @@ def test_system_resolver_keeps_public_addresses_in_order_without_duplicates():
 
 
 @pytest.mark.parametrize("address", ["10.1.2.3", "172.17.0.1", "192.168.1.1", "100.64.0.1", "fd12:3456::1",
-                                     "::ffff:10.0.0.1", "198.18.0.1"])
+                                     "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:c0a8:101::1"])
 def test_system_resolver_drops_private_addresses_unless_listed(address):
     """A container's host (172.17.0.1), a cluster's services, a home router: reachable only
     when the user lists the address itself as an IP-literal entry."""
@@ -379,6 +379,14 @@ def test_system_resolver_drops_private_addresses_unless_listed(address):
         resolve(SystemResolver(fake_getaddrinfo(address)))
     listed = str(ipaddress.ip_address(address))
     assert resolve(SystemResolver(fake_getaddrinfo(address), listed=[listed])) == [listed]
+
+
+@pytest.mark.parametrize("address", ["203.0.113.80", "198.51.100.7", "172.32.0.1", "100.128.0.1", "192.169.0.1"])
+def test_system_resolver_keeps_addresses_just_outside_the_private_networks(address, monkeypatch):
+    import sandbox.netproxy as netproxy
+
+    monkeypatch.setattr(netproxy, "host_addresses", lambda: frozenset())
+    assert resolve(SystemResolver(fake_getaddrinfo(address))) == [address]
 
 
 def test_system_resolver_drops_the_hosts_own_interface_addresses(monkeypatch):
