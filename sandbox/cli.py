@@ -313,9 +313,14 @@ def _open_net_log(path: str, writable_inside: list[str]) -> int:
         os.close(dir_fd)
     import stat
 
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise UsageError(f"--net-log {path} is not a regular file", "pass a path to a regular file (it is created)")
+    if info.st_nlink != 1:  # a second name for it could lie anywhere, the workdir included
+        os.close(fd)
+        raise UsageError(f"--net-log {path} has {info.st_nlink} hard links; nothing was written to it",
+                         "pass a path to a new file, or one with no other name")
     os.ftruncate(fd, 0)
     os.set_blocking(fd, True)
     return fd

@@ -341,7 +341,28 @@ def _is_host_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bo
 # shared address space (CGNAT, Tailscale) and IPv6 unique-local. Not ipaddress's is_private,
 # which also covers documentation and benchmarking ranges that some networks route.
 _PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"))
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7",
+    "fec0::/10",  # deprecated site-local: still routed inside some networks
+    "2001::/32",  # Teredo: an obfuscated IPv4 address inside, never a plain public host
+))
+
+
+def _embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches (mapped, IPv4-compatible, NAT64, 6to4), if any."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64_PREFIX or (int(address) >> 32 == 0 and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.sixtofour
+
+
+def _same_host_forms(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> set[str]:
+    """``address`` and the IPv4 address it carries, as canonical strings: what a list of
+    addresses is checked against, so ``::ffff:192.0.2.2`` counts as ``192.0.2.2``."""
+    embedded = _embedded_ipv4(address)
+    return {str(address)} | ({str(embedded)} if embedded is not None else set())
 HOST_ADDRESS_TTL = 5.0  # seconds the host's own interface addresses are cached
 
 
@@ -420,8 +441,9 @@ class SystemResolver:
             address = _parse_ip(str(sockaddr[0]).lower())  # a scoped "fe80::1%eth0" is not an address here
             if address is None:
                 continue
-            if str(address) not in self._listed and (_is_host_local(address) or _is_private(address)
-                                                     or str(address) in host_addresses()):
+            forms = _same_host_forms(address)
+            if not forms & self._listed and (_is_host_local(address) or _is_private(address)
+                                             or forms & host_addresses()):
                 continue
             if str(address) not in addresses:
                 addresses.append(str(address))
@@ -937,7 +959,8 @@ class ProxyHandle:
         if self._closing:
             client.transport.abort()
             return
-        if len(self._connections) >= self._max_connections or self._service.active >= self._service.budget:
+        if (len(self._connections) >= min(self._max_connections, self._service.share)
+                or self._service.active >= self._service.budget):
             client.transport.close()
             self._emit(DENY, UNIDENTIFIED, "", 0, "too many connections")
             return
@@ -1098,6 +1121,9 @@ class ProxyService:
         # whichever sandbox it came from: the total is capped below the descriptor limit, so
         # sandboxes cannot starve the process that runs them (the CLI, an agent runtime).
         self.budget = budget if budget is not None else descriptor_budget()
+        # No one listener may take more than a quarter of it: one sandbox holding idle
+        # connections must not lock every other sandbox of the process out.
+        self.share = max(2, self.budget // 4)
         self.active = 0  # client connections of every handle; touched on the proxy thread only
 
     def _on_proxy_thread(self) -> bool:

@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 8
+RULES_VERSION = 9
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -45,6 +45,18 @@ METADATA_CALLS: tuple[str, ...] = (
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     "setxattrat", "removexattrat", "file_setattr",
 )
+# Also at KernelNoNamespaces: file-flag and attribute ioctls (sync, noatime, nodump, project
+# id, verity, encryption policy) that a read-only open would otherwise reach, and watching
+# files (inotify reports names and activity in directories the view hides).
+NO_NAMESPACES_IOCTLS = {
+    "FS_IOC_SETFLAGS": 0x40086602, "FS_IOC32_SETFLAGS": 0x40046602, "FS_IOC_FSSETXATTR": 0x401C5820,
+    "FS_IOC_SETVERSION": 0x40087602, "FS_IOC32_SETVERSION": 0x40047602, "FS_IOC_ENABLE_VERITY": 0x40806685,
+    "FS_IOC_SET_ENCRYPTION_POLICY": 0x800C6613, "FS_IOC_SET_ENCRYPTION_POLICY_EX": 0xC0096613,
+}
+NO_NAMESPACES_DENIED: tuple[str, ...] = ("inotify_add_watch",)
+F_SETLEASE = 1024  # a lease on a file another process writes would stall that process
+CLONE_PARENT = 0x00008000  # a child of sbx's own process instead of the command's
+
 # Setting a file's times to anything but "now" (touch without -d keeps working): the index
 # of the times argument, which must be NULL.
 TIME_CALLS = {"utime": 1, "utimes": 1, "utimensat": 2, "futimesat": 2}
@@ -155,8 +167,9 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets namespa
                          "socketpair: AF_UNIX stream and seqpacket only")
         if not self.namespaces:
             lines.append("prlimit64: on the calling process only (pid 0); mode, owner and extended attribute "
-                         "changes, and times set to anything but now, EPERM (no namespace or read-only mount "
-                         "confines them)")
+                         "changes, times set to anything but now, file-flag ioctls (" + ", ".join(NO_NAMESPACES_IOCTLS)
+                         + "), leases (F_SETLEASE), inotify watches and clone with CLONE_PARENT: EPERM (no namespace "
+                         "or read-only mount confines them)")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
@@ -166,7 +179,8 @@ def spec_from_profile(seccomp_table: dict, share_net: bool, loopback: bool = Tru
                       proxy: bool = False) -> SeccompSpec:
     extra_deny = set(seccomp_table.get("deny", ()))
     extra_allow = set(seccomp_table.get("allow", ()))
-    denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny | (set() if namespaces else set(METADATA_CALLS))))
+    denied = tuple(sorted(set(DENIED_ALWAYS) | extra_deny
+                          | (set() if namespaces else {*METADATA_CALLS, *NO_NAMESPACES_DENIED})))
     mode = seccomp_table["mode"]
     allowed: tuple[str, ...] = ()
     if mode == "allowlist":
@@ -255,6 +269,11 @@ def _well_framed(blob: bytes) -> bool:
     return offset == len(blob) and programs == 2
 
 
+def seccomp_names_from_profile(spec: SeccompSpec) -> set[str]:
+    """The denied names that only a profile can have added (an unknown one is its error)."""
+    return set(spec.denied) - set(DENIED_ALWAYS) - set(METADATA_CALLS) - set(NO_NAMESPACES_DENIED)
+
+
 def compile_bpf(spec: SeccompSpec) -> bytes:
     """Two stacked programs, framed for stage 2 (see ``split_programs``).
 
@@ -293,7 +312,7 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
 
     main = new_filter(sc.ERRNO(errno.ENOSYS) if spec.mode == "allowlist" else sc.ALLOW)
     for name in spec.denied:
-        add(main, eperm, name, from_profile=name not in DENIED_ALWAYS and name not in METADATA_CALLS)
+        add(main, eperm, name, from_profile=name in seccomp_names_from_profile(spec))
     for name in ENOSYS_ALWAYS:
         add(main, sc.ERRNO(errno.ENOSYS), name, from_profile=False)
     for name in spec.allowed:
@@ -312,12 +331,18 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
     if spec.sockets in ("proxy", "none"):
         # A datagram pair can still sendto() or connect() any unix datagram socket it can
         # see (/dev/log, a bind-mounted one): where new unix sockets are refused, so is it.
-        add(guard, eperm, "socketpair", sc.Arg(0, sc.EQ, AF_UNIX), sc.Arg(1, sc.MASKED_EQ, 0xF, SOCK_DGRAM),
+        # The mask 0xE matches SOCK_DGRAM (2) and SOCK_RAW (3), which AF_UNIX turns into
+        # SOCK_DGRAM; stream (1) and seqpacket (5) pairs cannot be pointed at an address.
+        add(guard, eperm, "socketpair", sc.Arg(0, sc.EQ, AF_UNIX), sc.Arg(1, sc.MASKED_EQ, 0xE, SOCK_DGRAM),
             from_profile=False)
     if not spec.namespaces:
         add(guard, eperm, "prlimit64", sc.Arg(0, sc.NE, 0), from_profile=False)
         for name, index in TIME_CALLS.items():
             add(guard, eperm, name, sc.Arg(index, sc.NE, 0), from_profile=False)
+        for request in NO_NAMESPACES_IOCTLS.values():
+            add(guard, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request), from_profile=False)
+        add(guard, eperm, "fcntl", sc.Arg(1, sc.EQ, F_SETLEASE), from_profile=False)
+        add(guard, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_PARENT, CLONE_PARENT), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)
     elif spec.sockets == "none":

@@ -51,8 +51,8 @@ NO_NAMESPACES_LIMITS: tuple[str, ...] = (
     "double fork) can outlive it",
     "no mount namespace: the profile's view is expressed as Landlock grants; hidden paths are refused by "
     "Landlock, not masked (they exist, and stat and path walks still see their names, sizes and times); "
-    "Landlock cannot confine metadata changes, so seccomp refuses chmod, chown and xattr changes, and "
-    "times other than now, everywhere",
+    "Landlock cannot confine metadata changes, so seccomp refuses chmod, chown and xattr changes, "
+    "times other than now, file-flag ioctls, leases and inotify watches, everywhere",
     "no network namespace: without --share-net, seccomp refuses socket() for every family (AF_UNIX too: "
     "Landlock does not mediate connecting to a host daemon's unix socket) and Landlock (ABI 4+) denies TCP "
     "bind and connect",

@@ -71,6 +71,7 @@ attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPP
 attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close() or "opened")
 attempt("socketpair", lambda: len(socket.socketpair()))
 attempt("dgram_pair", lambda: len(socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)))
+attempt("raw_pair", lambda: len(socket.socketpair(socket.AF_UNIX, socket.SOCK_RAW)))  # AF_UNIX makes it DGRAM
 def local_server():
     server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
     client = socket.create_connection(server.getsockname(), timeout=5)
@@ -146,8 +147,8 @@ def client_control():
     seen = parse_json_line(subprocess.run([SYSTEM_PYTHON, "-I", "-S", "-c", CLIENT, str(port)], capture_output=True,
                                           text=True, timeout=60).stdout)
     server.close()
-    assert (seen["direct"], seen["udp"], seen["udp6"], seen["unix"], seen["dgram_pair"], seen["loopback"]) == (
-        "connected", "opened", "opened", "opened", 2, "ping"), seen
+    assert (seen["direct"], seen["udp"], seen["udp6"], seen["unix"], seen["dgram_pair"], seen["raw_pair"],
+            seen["loopback"]) == ("connected", "opened", "opened", "opened", 2, 2, "ping"), seen
     return seen
 
 
@@ -170,7 +171,7 @@ def test_only_allowed_hosts_are_reached_and_only_through_the_proxy(runner, tier,
     # UDP, raw and new unix sockets are refused; socketpair and loopback TCP still work.
     assert (inside["udp"], inside["udp6"], inside["raw"], inside["unix"]) == (EPERM, EPERM, EPERM, EPERM), inside
     # A datagram pair could sendto() any unix datagram socket in the view: refused too.
-    assert inside["dgram_pair"] == EPERM, inside
+    assert inside["dgram_pair"] == EPERM and inside["raw_pair"] == EPERM, inside
     assert inside["socketpair"] == 2 and inside["loopback"] == "ping", inside
     assert inside["env"] == {"HTTP_PROXY": "http://127.0.0.1:3128", "https_proxy": "http://127.0.0.1:3128",
                              "ALL_PROXY": "socks5h://127.0.0.1:3128", "NO_PROXY": "localhost,127.0.0.1,::1"}
@@ -381,6 +382,15 @@ def test_net_log_never_follows_a_planted_directory_link_nor_lies_where_the_sandb
                                "--", "true")
         assert done.returncode == 125 and text in done.stderr and "Traceback" not in done.stderr, done
     assert (victim / "net.jsonl").read_text() == "precious\n" and not (workdir / "net.jsonl").exists()
+    # A hard link whose other name is in the workdir: refused before anything is truncated.
+    (workdir / "target").write_text("precious\n")
+    linked = elsewhere / "linked.jsonl"
+    linked.hardlink_to(workdir / "target")
+    done = root_runner.run("run", "--workdir", str(workdir), "--allow-host", "pypi.org", "--net-log", str(linked),
+                           "--", "true")
+    assert done.returncode == 125 and "hard links" in done.stderr, done
+    assert (workdir / "target").read_text() == "precious\n"
+    linked.unlink()
     # Control: the same run with the log in a plain directory outside the workdir is fine.
     done = root_runner.run("run", "--workdir", str(workdir), "--allow-host", "pypi.org", "--net-log",
                            str(elsewhere / "net.jsonl"), "--", "true")

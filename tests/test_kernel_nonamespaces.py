@@ -387,6 +387,25 @@ attempt("prlimit_other", lambda: resource.prlimit(victim_pid, resource.RLIMIT_CO
 attempt("prlimit_self", lambda: resource.prlimit(0, resource.RLIMIT_CORE, (0, 0)))
 attempt("create", lambda: open("made-here", "w").close())
 attempt("touch_now", lambda: os.utime(victim_file, None))
+import ctypes, fcntl, struct
+libc = ctypes.CDLL(None, use_errno=True)
+def check(result):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), "")
+    return result
+own = os.open("made-here", os.O_RDONLY)
+def setflags():  # the file's own flags written back: a no-op that still needs FS_IOC_SETFLAGS
+    flags = fcntl.ioctl(own, 0x80086601, struct.pack("l", 0))
+    fcntl.ioctl(own, 0x40086602, flags)
+attempt("setflags", setflags)
+attempt("lease", lambda: fcntl.fcntl(own, fcntl.F_SETLEASE, fcntl.F_RDLCK))
+attempt("inotify", lambda: check(libc.inotify_add_watch(check(libc.inotify_init1(0)), b".", 0x100)))
+def clone_parent():
+    pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD)
+    if pid == 0:
+        os._exit(0)
+    check(pid)
+attempt("clone_parent", clone_parent)
 print(json.dumps(out))
 """
 
@@ -403,8 +422,8 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         pid = _sleeper_pid(sleeper)
         control = parse_json_line(runner.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", OUTSIDE_VIEW_PROBE, str(victim),
                                                    str(pid)], cwd=str(runner.workdir())).stdout)
-        assert {k: control[k] for k in ("chmod", "setxattr", "utime", "prlimit_other")} == dict.fromkeys(
-            ("chmod", "setxattr", "utime", "prlimit_other"), "done"), control
+        probes = ("chmod", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify", "clone_parent")
+        assert {k: control[k] for k in probes} == dict.fromkeys(probes, "done"), control
         os.chmod(victim, 0o644)
         before = os.stat(victim)
         result = runner.run("run", "--verbose", "--profile", "container", "--tier", "KernelNoNamespaces",
@@ -413,8 +432,9 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         assert result.returncode == 0, result.stderr
         assert verbose_tier(result.stderr) == "KernelNoNamespaces"
         inside = parse_json_line(result.stdout)
-        assert {k: inside[k] for k in ("chmod", "chown", "setxattr", "utime", "prlimit_other")} == dict.fromkeys(
-            ("chmod", "chown", "setxattr", "utime", "prlimit_other"), 1), inside  # EPERM
+        refused = ("chmod", "chown", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify",
+                   "clone_parent")
+        assert {k: inside[k] for k in refused} == dict.fromkeys(refused, 1), inside  # EPERM
         assert inside["prlimit_self"] == "done" and inside["create"] == "done", inside
         assert inside["touch_now"] == "done", inside  # times set to now: what touch does
         after = os.stat(victim)

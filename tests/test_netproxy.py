@@ -371,7 +371,8 @@ def test_system_resolver_keeps_public_addresses_in_order_without_duplicates():
 
 
 @pytest.mark.parametrize("address", ["10.1.2.3", "172.17.0.1", "192.168.1.1", "100.64.0.1", "fd12:3456::1",
-                                     "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:c0a8:101::1"])
+                                     "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:c0a8:101::1", "fec0::1",
+                                     "2001:0:4136:e378:8000:63bf:3fff:fdd2"])
 def test_system_resolver_drops_private_addresses_unless_listed(address):
     """A container's host (172.17.0.1), a cluster's services, a home router: reachable only
     when the user lists the address itself as an IP-literal entry."""
@@ -395,8 +396,11 @@ def test_system_resolver_drops_the_hosts_own_interface_addresses(monkeypatch):
     # Control: a public address passes while it is not one of this host's own.
     assert resolve(SystemResolver(fake_getaddrinfo("151.101.0.223"))) == ["151.101.0.223"]
     monkeypatch.setattr(netproxy, "host_addresses", lambda: frozenset({"151.101.0.223"}))
-    with pytest.raises(LookupError):
-        resolve(SystemResolver(fake_getaddrinfo("151.101.0.223")))
+    # The address itself, and every IPv6 form that reaches it (a dual-stack socket connects
+    # ::ffff:a.b.c.d to a.b.c.d): mapped, NAT64, 6to4.
+    for form in ("151.101.0.223", "::ffff:151.101.0.223", "64:ff9b::9765:df", "2002:9765:df::1"):
+        with pytest.raises(LookupError):
+            resolve(SystemResolver(fake_getaddrinfo(form)))
 
 
 def test_host_addresses_reads_this_hosts_interfaces():
@@ -902,6 +906,37 @@ def test_serve_refuses_bad_arguments_and_closes_the_listener():
     assert unbound.fileno() == -1
     with pytest.raises(ValueError):
         service().serve(socket.create_server(("127.0.0.1", 0)), ["pypi.org"], max_connections=0)
+
+
+def test_no_listener_takes_more_than_its_share_of_the_budget():
+    """One sandbox holding idle connections cannot lock the others out: each listener gets
+    at most a quarter of the process's budget, and another listener is still served."""
+    from sandbox.netproxy import ProxyService
+
+    own = ProxyService(budget=8)
+    assert own.share == 2
+    events: queue.Queue = queue.Queue()
+    handles, ports, clients = [], [], []
+    try:
+        for _ in range(2):
+            listener = socket.create_server(("127.0.0.1", 0))
+            ports.append(listener.getsockname()[1])
+            handles.append(own.serve(listener, ["pkg.test"], on_event=events.put, max_connections=100))
+        clients += [socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT) for _ in range(2)]
+        wait_until(lambda: own.active == 2)
+        extra = socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT)
+        clients.append(extra)
+        assert read_until_close(extra) == b""
+        assert events.get(timeout=WAIT)[1:] == ("deny", "tcp", "", 0, "too many connections")
+        other = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
+        clients.append(other)
+        other.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+        assert read_until_close(other).startswith(b"HTTP/1.1 403 ")
+    finally:
+        for client in clients:
+            client.close()
+        for handle in handles:
+            handle.close()
 
 
 def test_the_process_wide_budget_caps_connections_across_every_listener():
