@@ -9,13 +9,15 @@ The sandbox owned it, so removal assumes the worst of what is inside: every step
 relative to a descriptor of a directory opened with O_NOFOLLOW, so a symlink is unlinked,
 never followed (not even by chmod); a directory the command made unwritable or unreadable
 (mode 0, 0500) is given back its owner's rights through its own descriptor before it is
-emptied. Removal is best effort and never raises: what cannot be removed (a process that
-escaped the kill and keeps writing, an absurd depth) is left in place.
+emptied; a tree deeper than a bound is taken apart from the top in passes, never by
+recursion as deep as the command made it. Removal is best effort and never raises: what
+cannot be removed (a process that escaped the kill and keeps writing) is left in place.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 
 from .landlock_view import PRIVATE_TMP
@@ -49,7 +51,24 @@ def _open_dir(name: str, dir_fd: int | None) -> int:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
-def _empty(dir_fd: int) -> None:
+_MAX_DEPTH = 64  # well below Python's recursion limit and the descriptor limit
+_MAX_PASSES = 100_000
+
+
+def _empty(top_fd: int) -> None:
+    """Remove everything below ``top_fd``, however deep: a directory found at _MAX_DEPTH is
+    moved (renameat, relative to descriptors, so nothing is followed) up to the top and
+    emptied on a later pass, so neither the recursion nor the open descriptors grow with the
+    depth the command chose."""
+    for _ in range(_MAX_PASSES):
+        if not _empty_tree(top_fd, top_fd, 0):
+            return
+    raise OSError("the private temp directory keeps growing")
+
+
+def _empty_tree(dir_fd: int, top_fd: int, depth: int) -> bool:
+    """Empty ``dir_fd``; True when something was hoisted to the top for another pass."""
+    hoisted = False
     os.fchmod(dir_fd, 0o700)  # unlinking inside needs write and search on the directory
     for entry in list(os.scandir(dir_fd)):
         try:
@@ -61,12 +80,17 @@ def _empty(dir_fd: int) -> None:
             pass
         except PermissionError:  # EPERM from unlink: a directory
             pass
+        if depth >= _MAX_DEPTH:
+            os.rename(entry.name, f".sbx-hoisted-{secrets.token_hex(8)}", src_dir_fd=dir_fd, dst_dir_fd=top_fd)
+            hoisted = True
+            continue
         child = _open_dir(entry.name, dir_fd)
         try:
-            _empty(child)
+            hoisted |= _empty_tree(child, top_fd, depth + 1)
         finally:
             os.close(child)
         os.rmdir(entry.name, dir_fd=dir_fd)
+    return hoisted
 
 
 def remove(path: str) -> None:

@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 9
+RULES_VERSION = 10
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -53,7 +53,18 @@ NO_NAMESPACES_IOCTLS = {
     "FS_IOC_SETVERSION": 0x40087602, "FS_IOC32_SETVERSION": 0x40047602, "FS_IOC_ENABLE_VERITY": 0x40806685,
     "FS_IOC_SET_ENCRYPTION_POLICY": 0x800C6613, "FS_IOC_SET_ENCRYPTION_POLICY_EX": 0xC0096613,
 }
-NO_NAMESPACES_DENIED: tuple[str, ...] = ("inotify_add_watch",)
+NO_NAMESPACES_DENIED: tuple[str, ...] = (
+    "inotify_add_watch",
+    # No IPC namespace: SysV shared memory, semaphores and message queues, and POSIX message
+    # queues, are the host's (Landlock mediates none of them; mq_unlink skips its path hook).
+    "shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+)
+# Calls that act on another process when their first argument names one: at
+# KernelNoNamespaces allowed on the caller itself only (pid 0), as prlimit64.
+SELF_ONLY_CALLS: tuple[str, ...] = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 F_SETLEASE = 1024  # a lease on a file another process writes would stall that process
 CLONE_PARENT = 0x00008000  # a child of sbx's own process instead of the command's
 
@@ -166,7 +177,9 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets namespa
                          "AF_UNIX sockets, datagram (UDP), raw and packet sockets and other families EPERM; "
                          "socketpair: AF_UNIX stream and seqpacket only")
         if not self.namespaces:
-            lines.append("prlimit64: on the calling process only (pid 0); mode, owner and extended attribute "
+            lines.append("prlimit64, setpriority, ioprio_set and sched_set*: on the calling process only; SysV IPC "
+                         "and POSIX message queues (the host's: no IPC namespace) EPERM; mode, owner and extended "
+                         "attribute "
                          "changes, times set to anything but now, file-flag ioctls (" + ", ".join(NO_NAMESPACES_IOCTLS)
                          + "), leases (F_SETLEASE), inotify watches and clone with CLONE_PARENT: EPERM (no namespace "
                          "or read-only mount confines them)")
@@ -337,6 +350,14 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
             from_profile=False)
     if not spec.namespaces:
         add(guard, eperm, "prlimit64", sc.Arg(0, sc.NE, 0), from_profile=False)
+        for name in SELF_ONLY_CALLS:
+            add(guard, eperm, name, sc.Arg(0, sc.NE, 0), from_profile=False)
+        # setpriority/ioprio_set(which, who): only (this process, 0); a process group or a
+        # uid would renice every process of the caller, the runtime included.
+        add(guard, eperm, "setpriority", sc.Arg(0, sc.NE, PRIO_PROCESS), from_profile=False)
+        add(guard, eperm, "setpriority", sc.Arg(1, sc.NE, 0), from_profile=False)
+        add(guard, eperm, "ioprio_set", sc.Arg(0, sc.NE, IOPRIO_WHO_PROCESS), from_profile=False)
+        add(guard, eperm, "ioprio_set", sc.Arg(1, sc.NE, 0), from_profile=False)
         for name, index in TIME_CALLS.items():
             add(guard, eperm, name, sc.Arg(index, sc.NE, 0), from_profile=False)
         for request in NO_NAMESPACES_IOCTLS.values():

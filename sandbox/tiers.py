@@ -46,6 +46,9 @@ class Tier(enum.IntEnum):
 
 # What KernelNoNamespaces does not give, said the same way by doctor, --dry-run and the README.
 NO_NAMESPACES_LIMITS: tuple[str, ...] = (
+    "no IPC namespace: SysV IPC and POSIX message queues would be the host's, so seccomp refuses them; "
+    "calls that act on another process (prlimit, setpriority, ioprio_set, sched_set*) work on the command's "
+    "own process only",
     "no pid namespace: the command sees the host's processes and their command lines in /proc; the timeout "
     "kills its process group and every descendant it finds, but a process that leaves both (setsid and a "
     "double fork) can outlive it",

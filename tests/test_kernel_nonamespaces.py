@@ -406,6 +406,17 @@ def clone_parent():
         os._exit(0)
     check(pid)
 attempt("clone_parent", clone_parent)
+attempt("renice_other", lambda: os.setpriority(os.PRIO_PROCESS, victim_pid, 5))
+try:
+    os.setpgid(0, 0)  # a group of our own (inside, stage 2 already made one: EPERM, ignored)
+except OSError:
+    pass
+attempt("renice_group", lambda: os.setpriority(os.PRIO_PGRP, 0, os.getpriority(os.PRIO_PROCESS, 0)))
+attempt("affinity_other", lambda: os.sched_setaffinity(victim_pid, os.sched_getaffinity(victim_pid)))
+attempt("renice_self", lambda: os.setpriority(os.PRIO_PROCESS, 0, 1))
+attempt("affinity_self", lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+attempt("sysv_shm", lambda: check(libc.shmget(0, 4096, 0o1600)))  # IPC_PRIVATE | IPC_CREAT | 0600
+attempt("sysv_msg", lambda: check(libc.msgget(0, 0o1600)))
 print(json.dumps(out))
 """
 
@@ -422,7 +433,8 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         pid = _sleeper_pid(sleeper)
         control = parse_json_line(runner.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", OUTSIDE_VIEW_PROBE, str(victim),
                                                    str(pid)], cwd=str(runner.workdir())).stdout)
-        probes = ("chmod", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify", "clone_parent")
+        probes = ("chmod", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify", "clone_parent",
+                  "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg")
         assert {k: control[k] for k in probes} == dict.fromkeys(probes, "done"), control
         os.chmod(victim, 0o644)
         before = os.stat(victim)
@@ -433,9 +445,10 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         assert verbose_tier(result.stderr) == "KernelNoNamespaces"
         inside = parse_json_line(result.stdout)
         refused = ("chmod", "chown", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify",
-                   "clone_parent")
+                   "clone_parent", "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg")
         assert {k: inside[k] for k in refused} == dict.fromkeys(refused, 1), inside  # EPERM
         assert inside["prlimit_self"] == "done" and inside["create"] == "done", inside
+        assert inside["renice_self"] == "done" and inside["affinity_self"] == "done", inside
         assert inside["touch_now"] == "done", inside  # times set to now: what touch does
         after = os.stat(victim)
         assert after.st_mode == before.st_mode and after.st_mtime_ns >= before.st_mtime_ns
@@ -456,3 +469,32 @@ def _sleeper_pid(sleeper) -> int:
                 return sleeper.pid
         time.sleep(0.02)
     raise AssertionError("the sleeper did not start")
+
+
+def test_private_tmp_removal_takes_apart_a_tree_deeper_than_any_recursion(tmp_path):
+    """The command chooses the depth (3000 levels, made through directory descriptors, with
+    a mode-0 directory and a link out deep inside): removal still leaves nothing, and the
+    link's target outside is untouched."""
+    from sandbox import private_tmp
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("kept")
+    path = private_tmp.create()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    for level in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        if level == 1500:
+            os.symlink(str(outside), "out", dir_fd=child)
+            with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=child), "w") as f:
+                f.write("x")
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    locked = os.open(path, os.O_RDONLY | os.O_DIRECTORY)  # a mode-0 directory near the top
+    os.chmod("d", 0, dir_fd=locked)
+    os.close(locked)
+    private_tmp.remove(path)
+    assert not os.path.exists(path)
+    assert (outside / "keep").read_text() == "kept"
