@@ -490,12 +490,23 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
         _stop(pid, pidfd)
         victims = _children(pid)
     else:
+        # Stage 2's supervisor (no pid namespace): SIGTERM makes it SIGKILL everything below
+        # it, orphans that left the process group included, and exit; the walk below is the
+        # belt to those braces, and the supervisor itself goes last, once it has swept.
+        _signal(pid, pidfd, signal.SIGTERM)
         victims = _descendants(pid)
     for victim in victims:
         try:
             os.kill(victim, signal.SIGKILL)
         except OSError:
             pass
+    if not uses_bwrap and pidfd is not None:
+        import select
+
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if poller.poll(2000):
+            return  # swept and exited
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -534,9 +545,10 @@ def _stop(pid: int, pidfd: int | None) -> None:
 
 
 def command_pids(pid: int, uses_bwrap: bool) -> list[int]:
-    """Host pids of the sandboxed command(s): bwrap -> its pid-1 reaper -> the command."""
+    """Host pids of the sandboxed command(s): bwrap -> its pid-1 reaper -> the command;
+    without bwrap, stage 2's supervisor -> the command (and orphans re-parented to it)."""
     if not uses_bwrap:
-        return [pid]
+        return _children(pid)
     found = []
     for reaper in _children(pid):
         found += _children(reaper) or [reaper]

@@ -87,7 +87,8 @@ class LaunchPlan(namedtuple("LaunchPlan", "tier profile_name argv workdir mounts
                             search_path=self.search_path,
                             rlimits=tuple((RLIMIT_NUMBERS[n], s, h) for n, s, h in self.rlimits),
                             landlock=self.landlock, seccomp_fd=seccomp_fd, exe_fd=self.exe_fd,
-                            proxy_listen=(proxy_channel_fd, PROXY_PORT) if proxy_channel_fd is not None else None)
+                            proxy_listen=(proxy_channel_fd, PROXY_PORT) if proxy_channel_fd is not None else None,
+                            supervise=self.bwrap_args is None)
 
     def describe(self) -> str:
         """The human-readable plan printed by ``sbx run --dry-run``."""

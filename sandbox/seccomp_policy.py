@@ -17,7 +17,7 @@ from .errors import ProfileError, SetupError
 from .stage2_wire import frame_programs
 
 # Bump when the rules below change shape in a way the spec's content does not capture.
-RULES_VERSION = 10
+RULES_VERSION = 11
 
 # Denied on every profile (EPERM before the kernel looks at the arguments). Each line says why.
 DENIED_ALWAYS: tuple[str, ...] = (
@@ -66,6 +66,7 @@ NO_NAMESPACES_DENIED: tuple[str, ...] = (
 SELF_ONLY_CALLS: tuple[str, ...] = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 F_SETLEASE = 1024  # a lease on a file another process writes would stall that process
+F_NOTIFY = 1026  # dnotify: inotify's older form, signalling activity in a directory
 CLONE_PARENT = 0x00008000  # a child of sbx's own process instead of the command's
 
 # Setting a file's times to anything but "now" (touch without -d keeps working): the index
@@ -84,7 +85,9 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
     "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }
-DENIED_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}  # typing into / reading the terminal
+# Typing into or reading the terminal; making it exclusive (nothing else can open it after
+# the run) or changing its line discipline (a dead terminal, or a kernel module loaded).
+DENIED_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C, "TIOCEXCL": 0x540C, "TIOCSETD": 0x5423}
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 LOOPBACK_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 LOOPBACK_FAMILY_LIMIT = AF_NETLINK  # families above it are refused by one GT rule
@@ -177,12 +180,11 @@ class SeccompSpec(namedtuple("SeccompSpec", "mode allowed denied sockets namespa
                          "AF_UNIX sockets, datagram (UDP), raw and packet sockets and other families EPERM; "
                          "socketpair: AF_UNIX stream and seqpacket only")
         if not self.namespaces:
-            lines.append("prlimit64, setpriority, ioprio_set and sched_set*: on the calling process only; SysV IPC "
-                         "and POSIX message queues (the host's: no IPC namespace) EPERM; mode, owner and extended "
-                         "attribute "
-                         "changes, times set to anything but now, file-flag ioctls (" + ", ".join(NO_NAMESPACES_IOCTLS)
-                         + "), leases (F_SETLEASE), inotify watches and clone with CLONE_PARENT: EPERM (no namespace "
-                         "or read-only mount confines them)")
+            lines.append("prlimit64, setpriority, ioprio_set and sched_set*: on the calling process only")
+            lines.append("EPERM (no namespace or read-only mount confines them): SysV IPC and POSIX message queues "
+                         "(the host's: no IPC namespace); mode, owner and extended attribute changes; times set to "
+                         "anything but now; file-flag ioctls (" + ", ".join(NO_NAMESPACES_IOCTLS) + "); leases "
+                         "(F_SETLEASE); inotify and dnotify (F_NOTIFY) watches; clone with CLONE_PARENT")
         if self.mode == "allowlist":
             lines.append(f"allowed: {len(self.allowed)} calls")
         return lines
@@ -362,7 +364,10 @@ def compile_bpf(spec: SeccompSpec) -> bytes:
             add(guard, eperm, name, sc.Arg(index, sc.NE, 0), from_profile=False)
         for request in NO_NAMESPACES_IOCTLS.values():
             add(guard, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request), from_profile=False)
-        add(guard, eperm, "fcntl", sc.Arg(1, sc.EQ, F_SETLEASE), from_profile=False)
+        # fcntl's command is an unsigned int to the kernel: compare the low 32 bits only, or
+        # 0x100000000|F_SETLEASE would pass.
+        for command in (F_SETLEASE, F_NOTIFY):
+            add(guard, eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command), from_profile=False)
         add(guard, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_PARENT, CLONE_PARENT), from_profile=False)
     if spec.sockets == "unix":
         add(guard, eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX), from_profile=False)

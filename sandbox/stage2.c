@@ -10,8 +10,8 @@
  * seccomp BPF were computed by the Python side, and this program only installs them, in
  * the order main() reads top to bottom:
  *
- *     fd hygiene -> config -> preserved fds -> chdir -> network bridge -> rlimits
- *         -> no_new_privs -> Landlock -> seccomp -> exec
+ *     fd hygiene -> config -> preserved fds -> chdir -> network bridge -> supervisor
+ *         -> rlimits -> no_new_privs -> Landlock -> seccomp -> exec
  *
  * Every failure after the config is read is one 'E' record on the status fd, naming the
  * layer, the errno and the exit status; nothing is printed. The status fd is close-on-exec,
@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -106,6 +107,7 @@ enum {
     TAG_SECCOMP_FD = 9,
     TAG_EXE_FD = 10,
     TAG_PROXY_LISTEN = 11,
+    TAG_SUPERVISE = 12,
     TAG_FAULT = 0x7F,
 };
 
@@ -119,7 +121,7 @@ enum {
 
 #ifdef SBX_STAGE2_FAULTS
 static const char *const fault_steps[] = {
-    "close_range", "preserved-fd", "chdir", "network-bridge", "rlimits", "no_new_privs", "landlock", "seccomp", "exec",
+    "close_range", "preserved-fd", "chdir", "network-bridge", "supervisor", "rlimits", "no_new_privs", "landlock", "seccomp", "exec",
 };
 static const char *injected_fault;
 
@@ -522,6 +524,7 @@ struct config {
     int exe_fd;
     int proxy_channel_fd; /* -1: no network bridge */
     uint16_t proxy_port;
+    int supervise; /* fork a supervisor that outlives the command and kills what it leaves */
     char *fault;
 };
 
@@ -754,6 +757,11 @@ parse_record(struct failure *f, unsigned int tag, unsigned char *p, uint32_t len
         return parse_fd_payload(f, tag, p, len, &cfg->exe_fd);
     case TAG_PROXY_LISTEN:
         return parse_proxy_listen(f, p, len, cfg);
+    case TAG_SUPERVISE:
+        if (expect_length(f, tag, len, 0) < 0)
+            return -1;
+        cfg->supervise = 1;
+        return 0;
 #ifdef SBX_STAGE2_FAULTS
     case TAG_FAULT:
         return parse_fault(f, p, len, cfg);
@@ -975,6 +983,139 @@ hand_over_proxy_listener(const struct config *cfg, struct failure *f)
     close(listener);
     close(cfg->proxy_channel_fd);
     return 0;
+}
+
+/* ---- supervisor (tiers without a pid namespace) ------------------------------------------ */
+
+/* Without a pid namespace nothing ends the processes a command leaves behind: one that
+ * calls setsid and double-forks would keep the caller's terminal, its locks and the run's
+ * output pipes. So stage 2 forks: the parent stays outside every layer as a child
+ * subreaper (every orphan below it is re-parented to it, and CLONE_PARENT is refused to
+ * the command), holds no descriptor, waits for the command, then SIGKILLs whatever is left
+ * and exits with the command's status (128+N for signal N). SIGTERM (sbx's kill, or the
+ * death of sbx's process through PDEATHSIG) makes it sweep at once. Landlock's signal
+ * scope (ABI 6) keeps the command from signalling it. */
+static volatile sig_atomic_t sweep_requested;
+
+static void
+request_sweep(int signum)
+{
+    (void)signum;
+    sweep_requested = 1;
+}
+
+/* SIGKILL every current child (the command, and the orphans re-parented to us). */
+static void
+kill_children(void)
+{
+    char path[64], buf[8192];
+    struct text t;
+    ssize_t n;
+    size_t at = 0;
+    int fd;
+
+    memset(&t, 0, sizeof t);
+    text_add(&t, "/proc/self/task/");
+    text_add_i64(&t, getpid());
+    text_add(&t, "/children");
+    if (t.len >= sizeof path)
+        return;
+    memcpy(path, t.data, t.len);
+    path[t.len] = '\0';
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = '\0';
+    while (at < (size_t)n) {
+        long pid = 0;
+        while (at < (size_t)n && (buf[at] < '0' || buf[at] > '9'))
+            at++;
+        while (at < (size_t)n && buf[at] >= '0' && buf[at] <= '9')
+            pid = pid * 10 + (buf[at++] - '0');
+        if (pid > 0)
+            kill((pid_t)pid, SIGKILL);
+    }
+}
+
+static void __attribute__((noreturn))
+supervise(pid_t command, pid_t parent)
+{
+    int status = 0, have_status = 0, st;
+    pid_t reaped;
+
+    /* Safe here: the supervisor runs no command code and needs no descriptor; the caller's
+     * terminal and the status pipe must not outlive the command through it. */
+    sbx_close_range(0, ~0U, 0);
+    /* sbx's process died before PDEATHSIG was set: sweep now. */
+    if (getppid() != parent)
+        sweep_requested = 1;
+    while (!sweep_requested) {
+        reaped = waitpid(-1, &st, 0);
+        if (reaped == command) {
+            status = st;
+            have_status = 1;
+            break;
+        }
+        if (reaped < 0 && errno == ECHILD)
+            break;
+    }
+    for (;;) {
+        kill_children();
+        reaped = waitpid(-1, &st, 0);
+        if (reaped == command && !have_status) {
+            status = st;
+            have_status = 1;
+        }
+        if (reaped < 0 && errno == ECHILD)
+            break;
+    }
+    if (!have_status)
+        _exit(128 + SIGKILL);
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+/* Returns in the child (the command to be), never in the supervisor. */
+static int
+start_supervisor(const struct config *cfg, struct failure *f)
+{
+    struct sigaction sa;
+    sigset_t term, old;
+    pid_t parent = getppid(), child;
+
+    /* Safe here: it only changes who inherits our orphans. */
+    if (FAULTABLE("supervisor", prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) < 0)
+        return fail(f, "supervisor", errno, "prctl(PR_SET_CHILD_SUBREAPER)");
+    /* SIGTERM stays blocked across the fork: the child unblocks it right before exec
+     * (reset_signals), the supervisor once its handler is in place. */
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &old);
+    child = fork();
+    if (child < 0) {
+        int saved = errno;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return fail(f, "supervisor", saved, "fork");
+    }
+    if (child == 0) {
+        /* The command's side: it is no subreaper of its own descendants. */
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        return 0;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_sweep; /* no SA_RESTART: waitpid returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    sigprocmask(SIG_UNBLOCK, &term, NULL);
+    (void)cfg;
+    supervise(child, parent);
 }
 
 static void
@@ -1420,6 +1561,8 @@ main(int argc, char **argv)
     if (cfg.cwd != NULL && change_directory(cfg.cwd, &f) < 0)
         goto failed;
     if (cfg.proxy_channel_fd >= 0 && hand_over_proxy_listener(&cfg, &f) < 0)
+        goto failed;
+    if (cfg.supervise && start_supervisor(&cfg, &f) < 0)
         goto failed;
     if (apply_rlimits(&cfg, &f) < 0)
         goto failed;

@@ -17,6 +17,8 @@ Config (a memfd; every integer little-endian)::
     10 EXE_FD         i32                                  optional
     11 PROXY_LISTEN   i32 channel fd, u16 port             optional: the network bridge's
                       listener on 127.0.0.1:port goes to the front end over the channel
+    12 SUPERVISE      empty                                optional: fork a supervisor that
+                      kills what the command leaves behind (tiers without a pid namespace)
     0x7F FAULT        step name                            test builds only
 
 Status frames: 1 byte kind, u32 payload length, payload. ``S`` (started, empty), ``N``
@@ -53,6 +55,7 @@ TAG_LANDLOCK_RULE = 8
 TAG_SECCOMP_FD = 9
 TAG_EXE_FD = 10
 TAG_PROXY_LISTEN = 11
+TAG_SUPERVISE = 12
 TAG_FAULT = 0x7F
 
 DEFAULT_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -61,12 +64,13 @@ _SOCK_FILTER_SIZE = 8
 
 Stage2Config = namedtuple(
     "Stage2Config",
-    "status_fd argv env cwd search_path rlimits landlock seccomp_fd exe_fd proxy_listen fault",
-    defaults=((), None, DEFAULT_SEARCH_PATH, (), None, None, None, None, None),
+    "status_fd argv env cwd search_path rlimits landlock seccomp_fd exe_fd proxy_listen supervise fault",
+    defaults=((), None, DEFAULT_SEARCH_PATH, (), None, None, None, None, False, None),
 )
 Stage2Config.__doc__ = """Everything stage 2 needs. ``env``: (name, value) pairs; ``rlimits``:
 (resource number, soft, hard) with -1 for infinity; ``landlock``: a LandlockSpec or None;
-``proxy_listen``: (channel fd, port) for the network bridge, or None;
+``proxy_listen``: (channel fd, port) for the network bridge, or None; ``supervise``: stage 2
+stays as the command's parent and kills what it leaves behind (no pid namespace);
 ``fault``: a step name that a -DSBX_STAGE2_FAULTS build fails with EPERM (tests only)."""
 
 LandlockSpec = namedtuple("LandlockSpec", "abi fs net scoped file_rights rules", defaults=((),))
@@ -201,6 +205,10 @@ def encode_config(cfg: Stage2Config) -> bytes:
             raise ValueError("proxy_listen must be a (channel fd, port) pair") from None
         out.append(_record(TAG_PROXY_LISTEN, _fd(channel, "proxy_listen channel")
                            + _int(port, "proxy_listen port", 1, 65535).to_bytes(2, "little")))
+    if cfg.supervise not in (True, False):
+        raise ValueError(f"supervise must be a bool, not {cfg.supervise!r}")
+    if cfg.supervise:
+        out.append(_record(TAG_SUPERVISE, b""))
     if cfg.fault is not None:
         out.append(_record(TAG_FAULT, _bytes(cfg.fault, "fault", empty=False)))
     return b"".join(out)

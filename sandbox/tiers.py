@@ -49,13 +49,14 @@ NO_NAMESPACES_LIMITS: tuple[str, ...] = (
     "no IPC namespace: SysV IPC and POSIX message queues would be the host's, so seccomp refuses them; "
     "calls that act on another process (prlimit, setpriority, ioprio_set, sched_set*) work on the command's "
     "own process only",
-    "no pid namespace: the command sees the host's processes and their command lines in /proc; the timeout "
-    "kills its process group and every descendant it finds, but a process that leaves both (setsid and a "
-    "double fork) can outlive it",
+    "no pid namespace: the command sees the host's processes, their command lines and the host's sockets "
+    "in /proc; stage 2's supervisor (a child subreaper outside every layer) kills whatever the command "
+    "leaves behind when it exits or times out, setsid and double forks included, unless a command below "
+    "Landlock ABI 6 kills the supervisor first",
     "no mount namespace: the profile's view is expressed as Landlock grants; hidden paths are refused by "
     "Landlock, not masked (they exist, and stat and path walks still see their names, sizes and times); "
     "Landlock cannot confine metadata changes, so seccomp refuses chmod, chown and xattr changes, "
-    "times other than now, file-flag ioctls, leases and inotify watches, everywhere",
+    "times other than now, file-flag ioctls, leases and inotify and dnotify watches, everywhere",
     "no network namespace: without --share-net, seccomp refuses socket() for every family (AF_UNIX too: "
     "Landlock does not mediate connecting to a host daemon's unix socket) and Landlock (ABI 4+) denies TCP "
     "bind and connect",
@@ -63,8 +64,6 @@ NO_NAMESPACES_LIMITS: tuple[str, ...] = (
     "(TMPDIR), created and removed by sbx, without a size limit; /dev/shm is not available",
     "no uid switch: the command runs as the caller (a root caller keeps uid 0 with every capability dropped, "
     "and the profile's nproc limit does not bind uid 0)",
-    "processes the command leaves running when it exits are not killed (the pid namespace did that); the "
-    "timeout and killing the sandbox end them, and they keep Landlock and seccomp",
 )
 NO_SIGNAL_SCOPE = ("Landlock ABI below 6: signals to the caller's other processes (same uid) and abstract unix "
                    "sockets outside the sandbox cannot be blocked")

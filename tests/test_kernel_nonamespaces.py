@@ -399,6 +399,9 @@ def setflags():  # the file's own flags written back: a no-op that still needs F
     fcntl.ioctl(own, 0x40086602, flags)
 attempt("setflags", setflags)
 attempt("lease", lambda: fcntl.fcntl(own, fcntl.F_SETLEASE, fcntl.F_RDLCK))
+attempt("lease_high_bits", lambda: check(libc.syscall(72, own, 0x100000000 | fcntl.F_SETLEASE, fcntl.F_RDLCK)))
+here = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+attempt("dnotify", lambda: check(libc.syscall(72, here, 1026, 0x4)))  # F_NOTIFY, DN_CREATE
 attempt("inotify", lambda: check(libc.inotify_add_watch(check(libc.inotify_init1(0)), b".", 0x100)))
 def clone_parent():
     pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD)
@@ -434,7 +437,7 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         control = parse_json_line(runner.run_argv([SYSTEM_PYTHON, "-I", "-S", "-c", OUTSIDE_VIEW_PROBE, str(victim),
                                                    str(pid)], cwd=str(runner.workdir())).stdout)
         probes = ("chmod", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify", "clone_parent",
-                  "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg")
+                  "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg", "dnotify")
         assert {k: control[k] for k in probes} == dict.fromkeys(probes, "done"), control
         os.chmod(victim, 0o644)
         before = os.stat(victim)
@@ -445,7 +448,8 @@ def test_metadata_calls_and_other_processes_limits_are_refused(runner):
         assert verbose_tier(result.stderr) == "KernelNoNamespaces"
         inside = parse_json_line(result.stdout)
         refused = ("chmod", "chown", "setxattr", "utime", "prlimit_other", "setflags", "lease", "inotify",
-                   "clone_parent", "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg")
+                   "clone_parent", "renice_other", "renice_group", "affinity_other", "sysv_shm", "sysv_msg",
+                   "lease_high_bits", "dnotify")
         assert {k: inside[k] for k in refused} == dict.fromkeys(refused, 1), inside  # EPERM
         assert inside["prlimit_self"] == "done" and inside["create"] == "done", inside
         assert inside["renice_self"] == "done" and inside["affinity_self"] == "done", inside
@@ -498,3 +502,32 @@ def test_private_tmp_removal_takes_apart_a_tree_deeper_than_any_recursion(tmp_pa
     private_tmp.remove(path)
     assert not os.path.exists(path)
     assert (outside / "keep").read_text() == "kept"
+
+
+# Leaves a sleeper in a session of its own holding the run's stdout, and prints its pid.
+LEAVER = 'setsid sh -c \'sleep 60 & echo $!\' & sleep 0.3'
+
+
+def test_what_the_command_leaves_behind_is_killed_when_it_exits(runner):
+    """No pid namespace ends the processes a command leaves (one holding the caller's
+    terminal would read what the user types next): stage 2's supervisor kills them, and a
+    run capturing output returns at once instead of waiting for the leftover's EOF."""
+    import time
+
+    # Control: the same command without sbx leaves the sleeper running.
+    control = runner.run_argv(["sh", "-c", LEAVER.replace("sleep 60 &", "sleep 60 >/dev/null 2>&1 &")])
+    leftover = int(control.stdout.split()[-1])
+    try:
+        assert os.path.exists(f"/proc/{leftover}")
+    finally:
+        os.kill(leftover, 9)
+    started = time.monotonic()
+    result = runner.run("run", "--verbose", "--profile", "container", "--tier", "KernelNoNamespaces",
+                        "--workdir", str(runner.workdir()), "--", "sh", "-c", LEAVER, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert verbose_tier(result.stderr) == "KernelNoNamespaces"
+    assert time.monotonic() - started < 10  # not the leftover's 60 s
+    swept = int(result.stdout.split()[-1])
+    time.sleep(0.1)
+    with open(f"/proc/{swept}/stat") if os.path.exists(f"/proc/{swept}/stat") else open(os.devnull) as stat:
+        assert stat.read().rsplit(")", 1)[-1].split()[:1] in ([], ["Z"]), f"pid {swept} is still running"

@@ -255,6 +255,8 @@ def _step_setup(step: str, tmp_path: Path) -> dict:
     if step == "seccomp":
         fd = memfd(frame_programs([ALLOW_ALL]))
         return {"seccomp_fd": fd, "pass_fds": (fd,)}
+    if step == "supervisor":
+        return {"supervise": True}
     if step == "network-bridge":
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         _CHANNELS.append(ours)
@@ -276,6 +278,7 @@ FAULT_EXPECTATIONS = {
     "preserved-fd": (EXIT_SETUP_FAILED, "failed to read fd flags for preserved file descriptor 7"),
     "chdir": (EXIT_SETUP_FAILED, None),  # the directory
     "network-bridge": (EXIT_SETUP_FAILED, "socket(AF_INET)"),
+    "supervisor": (EXIT_SETUP_FAILED, "prctl(PR_SET_CHILD_SUBREAPER)"),
     "rlimits": (EXIT_SETUP_FAILED, "setrlimit(resource 4, soft 0, hard 0)"),
     "no_new_privs": (EXIT_SETUP_FAILED, "prctl(PR_SET_NO_NEW_PRIVS)"),
     "landlock": (EXIT_SETUP_FAILED, "landlock_restrict_self"),
@@ -339,6 +342,48 @@ def test_network_bridge_port_in_use_is_reported(helpers, tmp_path):
     assert (record.layer, record.errno, record.exit) == ("network-bridge", errno.EADDRINUSE, EXIT_SETUP_FAILED)
     assert record.detail == f"bind 127.0.0.1:{port}"
     assert not marker.exists()
+
+
+# --- the supervisor (tiers without a pid namespace) -----------------------------------------
+
+# A sleeper in a session of its own, holding none of the test's pipes (the control's
+# subprocess.run would wait for it otherwise).
+LEAVE_BEHIND = 'setsid sh -c \'sleep 60 & echo $! > "$0"\' "$0" </dev/null >/dev/null 2>&1 & sleep 0.2; exit "$1"'
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("build", ["normal", "asan"])
+def test_supervisor_kills_what_the_command_leaves_and_keeps_its_status(helpers, tmp_path, build):
+    pidfile = tmp_path / "pid"
+    argv = ["/bin/sh", "-c", LEAVE_BEHIND, str(pidfile), "7"]
+    # Control: without the supervisor, the double-forked sleeper outlives stage 2.
+    control = run_stage2(helpers[build], argv)
+    assert control.returncode == 7
+    leftover = int(pidfile.read_text())
+    try:
+        assert _alive(leftover)
+    finally:
+        os.kill(leftover, signal.SIGKILL)
+    result = run_stage2(helpers[build], argv, supervise=True)
+    assert result.returncode == 7 and result.records[0].kind == "started", result
+    swept = int(pidfile.read_text())
+    assert not _alive(swept)
+
+
+def test_supervisor_reports_a_signal_as_128_plus_n_and_holds_no_descriptor(helpers):
+    killed = run_stage2(helpers["normal"], ["/bin/sh", "-c", "kill -TERM $$"], supervise=True)
+    assert killed.returncode == 128 + signal.SIGTERM
+    # The status pipe reaches EOF when the command execs, not when the supervisor exits:
+    # run_stage2 reads to EOF, so a supervisor holding the pipe would have hung it.
+    fds = run_stage2(helpers["normal"], [*PY, FD_PROBE], supervise=True, keep="7", shell="exec 7</dev/null")
+    assert fd_list(fds) == [0, 1, 2, 7]
 
 
 # --- rlimits, no_new_privs ------------------------------------------------------------------

@@ -43,6 +43,8 @@ CALLS = {
     "ioctl_TIOCSTI": (16, (L(-1), L(0x5412), BAD)),
     "ioctl_TIOCSTI_high_bits": (16, (L(-1), L(0x100005412), BAD)),
     "ioctl_TIOCLINUX": (16, (L(-1), L(0x541C), BAD)),
+    "ioctl_TIOCEXCL": (16, (L(-1), L(0x540C), BAD)),
+    "ioctl_TIOCSETD": (16, (L(-1), L(0x5423), BAD)),
     "clone_newuser": (56, (L(0x10000000 | 0x00000200 | 0x00010000), L(0), L(0), L(0), L(0))),
     "clone3": (435, (BAD, L(0))),
 }
