@@ -908,66 +908,66 @@ def test_serve_refuses_bad_arguments_and_closes_the_listener():
         service().serve(socket.create_server(("127.0.0.1", 0)), ["pypi.org"], max_connections=0)
 
 
+class TwoListeners:
+    """Two sandboxes' listeners on one private ProxyService with ``budget``: ``connect(i)``
+    opens a client to listener i; everything is closed by ``close``."""
+
+    def __init__(self, budget: int) -> None:
+        from sandbox.netproxy import ProxyService
+
+        self.service = ProxyService(budget=budget)
+        self.events: queue.Queue = queue.Queue()
+        self.handles, self.ports, self.clients = [], [], []
+        for _ in range(2):
+            listener = socket.create_server(("127.0.0.1", 0))
+            self.ports.append(listener.getsockname()[1])
+            self.handles.append(self.service.serve(listener, ["pkg.test"], on_event=self.events.put,
+                                                   max_connections=100))
+
+    def connect(self, index: int) -> socket.socket:
+        self.clients.append(socket.create_connection(("127.0.0.1", self.ports[index]), timeout=WAIT))
+        return self.clients[-1]
+
+    def assert_refused_then_served(self, refused: socket.socket, served: socket.socket) -> None:
+        assert read_until_close(refused) == b""
+        assert self.events.get(timeout=WAIT)[1:] == ("deny", "tcp", "", 0, "too many connections")
+        served.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
+        assert read_until_close(served).startswith(b"HTTP/1.1 403 ")
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for handle in self.handles:
+            handle.close()
+
+
 def test_no_listener_takes_more_than_its_share_of_the_budget():
     """One sandbox holding idle connections cannot lock the others out: each listener gets
     at most a quarter of the process's budget, and another listener is still served."""
-    from sandbox.netproxy import ProxyService
-
-    own = ProxyService(budget=8)
-    assert own.share == 2
-    events: queue.Queue = queue.Queue()
-    handles, ports, clients = [], [], []
+    two = TwoListeners(budget=8)
     try:
-        for _ in range(2):
-            listener = socket.create_server(("127.0.0.1", 0))
-            ports.append(listener.getsockname()[1])
-            handles.append(own.serve(listener, ["pkg.test"], on_event=events.put, max_connections=100))
-        clients += [socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT) for _ in range(2)]
-        wait_until(lambda: own.active == 2)
-        extra = socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT)
-        clients.append(extra)
-        assert read_until_close(extra) == b""
-        assert events.get(timeout=WAIT)[1:] == ("deny", "tcp", "", 0, "too many connections")
-        other = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
-        clients.append(other)
-        other.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
-        assert read_until_close(other).startswith(b"HTTP/1.1 403 ")
+        assert two.service.share == 2
+        two.connect(0), two.connect(0)
+        wait_until(lambda: two.service.active == 2)
+        two.assert_refused_then_served(two.connect(0), two.connect(1))
     finally:
-        for client in clients:
-            client.close()
-        for handle in handles:
-            handle.close()
+        two.close()
 
 
 def test_the_process_wide_budget_caps_connections_across_every_listener():
     """Two sandboxes' listeners share one descriptor budget: the third connection overall is
-    refused even though each listener is under its own maximum; a freed slot is reused."""
-    from sandbox.netproxy import ProxyService, descriptor_budget
+    refused even though each listener is under its own share; a freed slot is reused."""
+    from sandbox.netproxy import descriptor_budget
 
     assert 8 <= descriptor_budget() < 1 << 20
-    own = ProxyService(budget=2)
-    events: queue.Queue = queue.Queue()
-    handles, ports, clients = [], [], []
+    two = TwoListeners(budget=2)
     try:
-        for _ in range(2):
-            listener = socket.create_server(("127.0.0.1", 0))
-            ports.append(listener.getsockname()[1])
-            handles.append(own.serve(listener, ["pkg.test"], on_event=events.put, max_connections=10))
-        clients += [socket.create_connection(("127.0.0.1", ports[0]), timeout=WAIT),
-                    socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)]
-        wait_until(lambda: own.active == 2)
-        extra = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
-        clients.append(extra)
-        assert read_until_close(extra) == b""
-        assert events.get(timeout=WAIT)[1:] == ("deny", "tcp", "", 0, "too many connections")
-        clients[0].close()
-        wait_until(lambda: own.active == 1)
-        again = socket.create_connection(("127.0.0.1", ports[1]), timeout=WAIT)
-        clients.append(again)
-        again.sendall(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
-        assert read_until_close(again).startswith(b"HTTP/1.1 403 ")
+        first = two.connect(0)
+        two.connect(1)
+        wait_until(lambda: two.service.active == 2)
+        refused = two.connect(1)
+        first.close()
+        wait_until(lambda: two.service.active == 1)
+        two.assert_refused_then_served(refused, two.connect(1))
     finally:
-        for client in clients:
-            client.close()
-        for handle in handles:
-            handle.close()
+        two.close()
