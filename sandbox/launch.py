@@ -505,8 +505,8 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
 
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        if poller.poll(2000):
-            return  # swept and exited
+        if poller.poll(10000):
+            return  # swept and exited (killing it instead would hand what is left to init)
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:

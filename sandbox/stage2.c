@@ -1004,40 +1004,59 @@ request_sweep(int signum)
     sweep_requested = 1;
 }
 
-/* SIGKILL every current child (the command, and the orphans re-parented to us). */
-static void
+/* SIGKILL every current child (the command, and the orphans re-parented to us), reading
+ * the whole list: it can be long (up to the nproc limit). Returns how many it named. */
+static long
 kill_children(void)
 {
-    char path[64], buf[8192];
+    char buf[4096];
     struct text t;
     ssize_t n;
-    size_t at = 0;
-    int fd;
+    long pid = 0, named = 0;
+    int fd, in_number = 0;
 
     memset(&t, 0, sizeof t);
     text_add(&t, "/proc/self/task/");
     text_add_i64(&t, getpid());
     text_add(&t, "/children");
-    if (t.len >= sizeof path)
-        return;
-    memcpy(path, t.data, t.len);
-    path[t.len] = '\0';
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    t.data[t.len] = '\0';
+    fd = open(t.data, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return;
-    n = read(fd, buf, sizeof buf - 1);
+        return -1;
+    /* A number can span two reads: the parse state carries over. */
+    while ((n = read(fd, buf, sizeof buf)) > 0) {
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] >= '0' && buf[i] <= '9') {
+                pid = pid * 10 + (buf[i] - '0');
+                in_number = 1;
+            } else if (in_number) {
+                kill((pid_t)pid, SIGKILL);
+                named++;
+                pid = 0;
+                in_number = 0;
+            }
+        }
+    }
+    if (in_number) {
+        kill((pid_t)pid, SIGKILL);
+        named++;
+    }
     close(fd);
-    if (n <= 0)
-        return;
-    buf[n] = '\0';
-    while (at < (size_t)n) {
-        long pid = 0;
-        while (at < (size_t)n && (buf[at] < '0' || buf[at] > '9'))
-            at++;
-        while (at < (size_t)n && buf[at] >= '0' && buf[at] <= '9')
-            pid = pid * 10 + (buf[at++] - '0');
-        if (pid > 0)
-            kill((pid_t)pid, SIGKILL);
+    return named;
+}
+
+/* Reap every child that has already ended; the command's status is kept when seen. */
+static void
+reap_ended(pid_t command, int *status, int *have_status)
+{
+    pid_t reaped;
+    int st;
+
+    while ((reaped = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (reaped == command && !*have_status) {
+            *status = st;
+            *have_status = 1;
+        }
     }
 }
 
@@ -1063,15 +1082,31 @@ supervise(pid_t command, pid_t parent)
         if (reaped < 0 && errno == ECHILD)
             break;
     }
+    /* The sweep. A process that forks and exits in a loop re-parents each new child to us;
+     * the dead ones fill the list as zombies unless reaped, so each pass reaps first (the
+     * list stays short and is read fast), then kills everything listed. A fork racing a
+     * SIGKILL is aborted by the kernel (a fatal signal is pending), so every pass leaves
+     * fewer places to run; it ends when a pass finds no child at all. */
     for (;;) {
-        kill_children();
-        reaped = waitpid(-1, &st, 0);
-        if (reaped == command && !have_status) {
-            status = st;
-            have_status = 1;
+        long named;
+
+        reap_ended(command, &status, &have_status);
+        named = kill_children();
+        if (named == 0) {
+            reaped = waitpid(-1, &st, WNOHANG);
+            if (reaped < 0 && errno == ECHILD)
+                break;
+            continue;
         }
-        if (reaped < 0 && errno == ECHILD)
-            break;
+        if (named < 0) { /* no /proc: wait for what was already killed or ends by itself */
+            reaped = waitpid(-1, &st, 0);
+            if (reaped == command && !have_status) {
+                status = st;
+                have_status = 1;
+            }
+            if (reaped < 0 && errno == ECHILD)
+                break;
+        }
     }
     if (!have_status)
         _exit(128 + SIGKILL);
