@@ -501,17 +501,35 @@ def kill_sandbox_tree(pid: int, uses_bwrap: bool, pidfd: int | None = None) -> N
         except OSError:
             pass
     if not uses_bwrap and pidfd is not None:
-        import select
-
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        if poller.poll(10000):
-            return  # swept and exited (killing it instead would hand what is left to init)
+        # Never blocks (this runs on event loops and in finalizers): the supervisor gets
+        # SWEEP_GRACE seconds to sweep and exit; only one that is still there then (stopped
+        # by a command below Landlock ABI 6, say) is killed, by the watchdog thread. Killing
+        # it at once would hand what is left to init.
+        _kill_later_unless_exited(os.dup(pidfd), SWEEP_GRACE)
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
     _signal(pid, pidfd, signal.SIGKILL)
+
+
+SWEEP_GRACE = 10.0  # seconds stage 2's supervisor has to sweep before it is killed itself
+
+
+def _kill_later_unless_exited(pidfd: int, seconds: float) -> None:
+    """SIGKILL the process behind ``pidfd`` (ours to close) in ``seconds``, unless it has exited."""
+    from .lifetime import call_later
+
+    def fire() -> None:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # ESRCH once it has exited
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
+    call_later(seconds, fire)
 
 
 def _signal(pid: int, pidfd: int | None, signum: int) -> bool:

@@ -128,6 +128,11 @@ def kill_at_deadline(process: object, seconds: float) -> int:
     return _watchdog.at(time.monotonic() + seconds, fire)
 
 
+def call_later(seconds: float, callback: Callable[[], None]) -> int:
+    """Run ``callback`` on the watchdog thread ``seconds`` from now, unless cancelled."""
+    return _watchdog.at(time.monotonic() + seconds, callback)
+
+
 def cancel(token: int | None) -> None:
     if token is not None:
         _watchdog.cancel(token)
