@@ -128,3 +128,26 @@ def hold_fd(number: int, path: str = "/etc/hostname", flags: int = os.O_RDONLY) 
         os.close(fd)
     os.set_inheritable(number, True)
     return number
+
+
+# Reads each path in argv[1], writes each in argv[2] (comma-separated); prints what
+# happened to each, as JSON. Shared by the filesystem tests of every tier.
+ACCESS_PROBE = r"""
+import json, os, sys
+out = {"read": {}, "write": {}}
+for path in filter(None, sys.argv[1].split(",")):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        out["read"][path] = "ok"
+    except OSError as exc:
+        out["read"][path] = exc.strerror
+for path in filter(None, sys.argv[2].split(",")):
+    try:
+        with open(path, "w") as f:
+            f.write("sbx was here\n")
+        out["write"][path] = "ok"
+    except OSError as exc:
+        out["write"][path] = exc.strerror
+print(json.dumps(out))
+"""

@@ -10,34 +10,12 @@ import tempfile
 import threading
 
 import pytest
-from conftest import SYSTEM_PYTHON, UNPRIV_UID, parse_json_line, verbose_tier
+from conftest import ACCESS_PROBE, SYSTEM_PYTHON, UNPRIV_UID, parse_json_line, verbose_tier
 
 TIER_ARGS = {
     "KernelFull": [],
     "KernelSeccompOnly": ["--tier", "KernelSeccompOnly", "--allow-degraded"],
 }
-
-# Reads each path, writes each target; prints what happened to each, as JSON.
-ACCESS_PROBE = r"""
-import json, os, sys
-reads, writes = sys.argv[1].split(","), sys.argv[2].split(",")
-out = {"read": {}, "write": {}}
-for path in reads:
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-        out["read"][path] = "ok"
-    except OSError as exc:
-        out["read"][path] = exc.strerror
-for path in writes:
-    try:
-        with open(path, "w") as f:
-            f.write("sbx was here\n")
-        out["write"][path] = "ok"
-    except OSError as exc:
-        out["write"][path] = exc.strerror
-print(json.dumps(out))
-"""
 
 
 @pytest.fixture

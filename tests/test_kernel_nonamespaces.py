@@ -17,7 +17,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import SYSTEM_PYTHON, parse_json_line, probe_source, verbose_tier
+from conftest import ACCESS_PROBE, SYSTEM_PYTHON, parse_json_line, probe_source, verbose_tier
 
 PRELUDE = r"""
 import json, os, subprocess, sys, time
@@ -39,26 +39,6 @@ def inner(*argv, profile="container", extra=(), pass_fds=()):
 
 def emit(**result):
     print(json.dumps(result))
-"""
-
-ACCESS_PROBE = r"""
-import json, os, sys
-out = {"read": {}, "write": {}}
-for path in filter(None, sys.argv[1].split(",")):
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-        out["read"][path] = "ok"
-    except OSError as exc:
-        out["read"][path] = exc.strerror
-for path in filter(None, sys.argv[2].split(",")):
-    try:
-        with open(path, "w") as f:
-            f.write("sbx was here\n")
-        out["write"][path] = "ok"
-    except OSError as exc:
-        out["write"][path] = exc.strerror
-print(json.dumps(out))
 """
 
 
